@@ -1,0 +1,63 @@
+"""Data for the demos. The images are real JPEG files held in memory (as an image folder sits in
+the page cache after the first epoch): every sample is decoded and augmented on the CPU, so the
+cost a real input pipeline pays is paid here too."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import transforms
+
+# The usual ImageNet normalisation constants (torchvision's reference training scripts).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+JPEG_QUALITY = 90  # a typical camera/ImageNet quality; lower would make decoding cheaper
+SYNTHETIC_DETAIL_PX = 16  # side of the random colour grid that is smoothed into a photo-like image
+SYNTHETIC_NOISE_STD = 12.0  # grain (0..255 scale), so the JPEG is not trivially compressible
+
+
+def synthetic_photo(rng: np.random.Generator, side_px: int) -> Image.Image:
+    """A smooth colour field with grain: compresses and decodes like a photograph, not like noise."""
+    grid = rng.integers(0, 256, size=(SYNTHETIC_DETAIL_PX, SYNTHETIC_DETAIL_PX, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(grid).resize((side_px, side_px), Image.BICUBIC), np.float32)
+    grain = rng.normal(0.0, SYNTHETIC_NOISE_STD, size=smooth.shape)
+    return Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8))
+
+
+class JpegImages(Dataset):
+    """Labelled JPEG images, decoded and augmented in __getitem__ (ImageNet-style training
+    transforms: random resized crop, flip, colour jitter, to-tensor, normalise)."""
+
+    def __init__(self, length: int, source_px: int, crop_px: int, num_classes: int,
+                 distinct_images: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self.jpegs = []
+        for _ in range(distinct_images):
+            buffer = io.BytesIO()
+            synthetic_photo(rng, source_px).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+            self.jpegs.append(buffer.getvalue())
+        self.labels = torch.from_numpy(rng.integers(0, num_classes, size=length))
+        self.augment = transforms.Compose([
+            transforms.RandomResizedCrop(crop_px),
+            transforms.RandomHorizontalFlip(),
+            transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        jpeg = self.jpegs[index % len(self.jpegs)]
+        image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+        return self.augment(image), self.labels[index]
+
+
+def augmented_images(run) -> JpegImages:
+    """Exactly enough samples for one run (warm-up, timed and profiled steps), so no epoch
+    restarts in the middle of a measurement."""
+    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, **run.sizes)

@@ -1,0 +1,73 @@
+"""The demo scripts, run end to end in smoke mode on the CPU."""
+from __future__ import annotations
+
+import gzip
+import json
+
+from common import trace
+from tests.conftest import read_summary, run_demo
+
+REQUIRED_SUMMARY_FIELDS = {
+    "demo", "variant", "device", "device_name", "torch_version", "batch_size", "steps",
+    "samples_per_s", "step_ms_p50", "step_ms_p95", "peak_memory_mb", "config",
+}
+
+
+def test_each_variant_writes_one_gzip_trace_with_profiler_steps(workers_smoke_out):
+    for variant in ("bad", "fixed"):
+        run_dir = workers_smoke_out / "dataloader_workers" / variant
+        traces = trace.trace_files(run_dir)
+        assert len(traces) == 1
+        assert traces[0].name.endswith(".pt.trace.json.gz")
+        events = json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]
+        steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+        assert len(steps) == 3  # the schedule records three active steps
+        regions = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+        assert {"data", "forward", "backward", "optimizer"} <= regions
+        assert any(name.startswith("enumerate(DataLoader)") for name in regions)
+        assert (run_dir / "key_averages.txt").read_text().count("\n") > 5
+
+
+def test_summary_has_the_fields_and_the_config_that_differs(workers_smoke_out):
+    bad = read_summary(workers_smoke_out, "dataloader_workers", "bad")
+    fixed = read_summary(workers_smoke_out, "dataloader_workers", "fixed")
+    for summary, variant in ((bad, "bad"), (fixed, "fixed")):
+        assert REQUIRED_SUMMARY_FIELDS <= summary.keys()
+        assert summary["variant"] == variant and summary["device"] == "cpu"
+        assert summary["samples_per_s"] > 0
+        assert 0 < summary["step_ms_p50"] <= summary["step_ms_p95"]
+        assert summary["peak_memory_mb"] > 0  # from the profiler's CPU [memory] events
+        assert summary["steps"] == 3 and summary["batch_size"] == 4  # the smoke preset
+    # Throughput and step time describe the same steps: batch / mean step ≈ samples/s.
+    assert abs(bad["batch_size"] / (bad["step_ms_mean"] / 1000) / bad["samples_per_s"] - 1) < 0.25
+    assert bad["config"]["num_workers"] == 0 and not bad["config"]["non_blocking"]
+    assert fixed["config"]["num_workers"] >= 1 and fixed["config"]["persistent_workers"]
+    assert fixed["config"]["pin_memory"] is False  # pinning is for CUDA copies only
+    assert fixed["config"]["non_blocking"] is True
+
+
+def test_rerun_into_the_same_out_leaves_one_trace(tmp_path):
+    for _ in range(2):
+        result = run_demo("dataloader_workers", "bad", "--smoke", "--device", "cpu", "--steps", "2",
+                          "--out", str(tmp_path))
+        assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "dataloader_workers" / "bad"
+    assert len(trace.trace_files(run_dir)) == 1
+    summary = read_summary(tmp_path, "dataloader_workers", "bad")
+    assert summary["steps"] == 2 and summary["trace_file"] == trace.trace_files(run_dir)[0].name
+
+
+def test_help_describes_the_demo_and_the_flags():
+    result = run_demo("dataloader_workers", "fixed", "--help")
+    assert result.returncode == 0
+    assert "DataLoader workers (fixed)" in result.stdout
+    for flag in ("--device", "--smoke", "--steps", "--out", "--seed"):
+        assert flag in result.stdout
+
+
+def test_bad_flags_are_one_clear_error_with_exit_code_2():
+    for args in (["--steps", "0"], ["--device", "tpu"], ["--frobnicate"]):
+        result = run_demo("dataloader_workers", "bad", *args)
+        assert result.returncode == 2
+        assert "Traceback" not in result.stderr
+        assert "error:" in result.stderr.splitlines()[-1]
