@@ -129,7 +129,7 @@ def setup(demo: str, variant: str, argv: list[str] | None = None) -> Run:
     device = pick_device(flags.device, parser)
     name = presets.preset_name(device.type, flags.smoke)
     preset = presets.PRESETS[demo][name]
-    torch.set_num_threads(presets.main_process_threads())
+    torch.set_num_threads(presets.main_process_threads(device.type))
     if device.type == "cpu":
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL_CPU)
     random.seed(flags.seed)

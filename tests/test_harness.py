@@ -58,9 +58,10 @@ def test_every_demo_has_the_three_presets_and_gpu_batches_are_not_smaller():
 
 
 def test_threads_and_workers_split_the_cores(monkeypatch):
-    for cores, threads, workers in ((1, 1, 1), (2, 1, 1), (16, 8, 8), (3, 1, 2)):
+    for cores, device, threads, workers in ((1, "cpu", 1, 1), (2, "cpu", 1, 1), (16, "cpu", 8, 8),
+                                            (3, "cpu", 1, 2), (16, "cuda", 2, 14), (1, "cuda", 1, 1)):
         monkeypatch.setattr(presets, "usable_cpu_count", lambda cores=cores: cores)
-        assert (presets.main_process_threads(), presets.loader_workers()) == (threads, workers)
+        assert (presets.main_process_threads(device), presets.loader_workers(device)) == (threads, workers)
 
 
 def test_clear_run_dir_removes_only_what_a_run_writes(tmp_path):

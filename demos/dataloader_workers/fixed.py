@@ -10,7 +10,7 @@ def main() -> None:
     run = harness.setup(demo="dataloader_workers", variant="fixed")
     loader = DataLoader(
         data.augmented_images(run), batch_size=run.batch_size, shuffle=True, drop_last=True,
-        num_workers=presets.loader_workers(),  # other cores prepare batches while this one trains
+        num_workers=presets.loader_workers(run.device.type),  # other cores prepare batches meanwhile
         pin_memory=run.is_cuda,  # page-locked batches: the host-to-GPU copy can run asynchronously
         persistent_workers=True,  # workers (and their copy of the dataset) outlive each epoch
         prefetch_factor=4,  # each worker keeps up to 4 batches ready, absorbing slow samples
