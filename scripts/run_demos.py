@@ -1,4 +1,5 @@
-"""Run the bad and the fixed script of each demo, then compare them.
+"""Run the bad and the fixed script of each demo, then compare them and write the report
+(<out>/REPORT.md and a self-contained <out>/report.html, rebuilt from this run only).
 
 Examples:
   ./scripts/run_demos.sh                          every demo, on the GPU if there is one
@@ -8,11 +9,13 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+
+from common import compare, report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
@@ -49,27 +52,10 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
     return subprocess.run(command, cwd=ROOT).returncode == 0
 
 
-def load_summary(out: Path, demo: str, variant: str) -> dict | None:
-    path = out / demo / variant / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def comparison_lines(demo: str, bad: dict, fixed: dict) -> list[str]:
-    speedup = fixed["samples_per_s"] / bad["samples_per_s"]
-    lines = [f"{demo} on {bad['device']} ({bad['device_name']}), torch {bad['torch_version']}, "
-             f"preset {bad['preset']}",
-             f"  {'':8}{'samples/s':>12}{'step p50 ms':>14}{'step p95 ms':>14}{'peak MB':>10}"]
-    for name, summary in (("bad", bad), ("fixed", fixed)):
-        peak = summary["peak_memory_mb"]
-        lines.append(f"  {name:8}{summary['samples_per_s']:12.1f}{summary['step_ms_p50']:14.1f}"
-                     f"{summary['step_ms_p95']:14.1f}{'n/a' if peak is None else f'{peak:.0f}':>10}")
-    lines.append(f"  fixed / bad: {speedup:.2f}x samples/s")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     flags = parse_flags(argv)
     failed = []
+    run_started = datetime.now(timezone.utc)  # the report shows no summary older than this
     started = time.perf_counter()
     total = len(flags.demos) * len(VARIANTS)
     for index, (demo, variant) in enumerate(
@@ -78,14 +64,21 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if not run_variant(demo, variant, flags):
             failed.append(f"{demo}/{variant}")
+    failed_demos = {name.split("/")[0] for name in failed}
     print("\n=== comparison")
     for demo in flags.demos:
-        bad, fixed = (load_summary(flags.out, demo, v) for v in VARIANTS)
-        if f"{demo}/bad" in failed or f"{demo}/fixed" in failed or not bad or not fixed:
-            print(f"{demo}: no comparison (a run failed)")
+        if demo in failed_demos:
+            print(f"\n{demo}: no comparison (a run failed)")
             continue
-        print("\n".join(comparison_lines(demo, bad, fixed)))
-    print(f"\ntraces and summaries under {flags.out} ({time.perf_counter() - started:.0f} s); "
+        try:
+            print("\n" + compare.format_text(compare.compare(flags.out / demo)))
+        except compare.CompareError as error:
+            print(f"\n{demo}: no comparison ({error})")
+            failed.append(f"{demo} (comparison)")
+    markdown, page = report.write_report(flags.out, flags.demos, failed=failed_demos,
+                                         since=run_started)
+    print(f"\nreport: {markdown} and {page} (opens offline)")
+    print(f"traces and summaries under {flags.out} ({time.perf_counter() - started:.0f} s); "
           f"open them with ./scripts/tensorboard.sh or tensorboard --logdir {flags.out}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

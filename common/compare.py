@@ -1,0 +1,171 @@
+"""A pair's bad and fixed runs side by side.
+
+    python -m common.compare DEMO_DIR [--json]
+
+DEMO_DIR holds bad/ and fixed/, each with the summary.json and the trace a demo script wrote
+(traces/<demo>/). Throughput, step time and peak memory come from the summary (the unprofiled
+timed phase; peak memory as the harness measured it); the GPU and host numbers and the verdicts
+come from the trace through common.analyze. Imports no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from common import analyze, trace
+
+VARIANTS = ("bad", "fixed")
+SUMMARY_FILE = "summary.json"
+
+
+class CompareError(ValueError):
+    """A demo directory that cannot be compared; the message says which file and why."""
+
+
+def load_variant(demo_dir: Path, variant: str, keep_detail: bool = False) -> dict:
+    """{"summary": summary.json, "analysis": analyze_trace of the trace that summary names};
+    keep_detail adds "detail", the analyze.Analysis the report draws from (not JSON)."""
+    run_dir = Path(demo_dir) / variant
+    if not run_dir.is_dir():
+        raise CompareError(f"{run_dir}: no such directory (run demos/<demo>/{variant}.py first)")
+    summary_path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(summary_path.read_text())
+    except OSError:
+        raise CompareError(f"{summary_path}: missing (the run did not finish)") from None
+    except ValueError as error:
+        raise CompareError(f"{summary_path}: not JSON ({error})") from None
+    if not isinstance(summary, dict) or "samples_per_s" not in summary:
+        raise CompareError(f"{summary_path}: not a demo summary (no samples_per_s)")
+    named = run_dir / str(summary.get("trace_file", ""))
+    trace_path = named if summary.get("trace_file") and named.is_file() else run_dir
+    try:
+        analysis = analyze.analyze(trace_path)
+    except trace.TraceError as error:
+        raise CompareError(str(error)) from None
+    loaded = {"summary": summary, "analysis": analysis.result}
+    return {**loaded, "detail": analysis} if keep_detail else loaded
+
+
+def ratio(new, old) -> float | None:
+    return new / old if new is not None and old else None
+
+
+def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
+    """Both variants, and fixed ÷ bad for throughput and peak memory."""
+    demo_dir = Path(demo_dir)
+    runs = {variant: load_variant(demo_dir, variant, keep_detail) for variant in VARIANTS}
+    bad, fixed = (runs[v]["summary"] for v in VARIANTS)
+    return {"demo": bad.get("demo", demo_dir.name), **runs,
+            "speedup": ratio(fixed["samples_per_s"], bad["samples_per_s"]),
+            "peak_memory_ratio": ratio(fixed.get("peak_memory_mb"), bad.get("peak_memory_mb"))}
+
+
+def gpu_value(name: str):
+    return lambda run: (run["analysis"]["gpu"] or {}).get(name)
+
+
+# (label, how to read it from one variant, format). Summary numbers first, then the trace's.
+ROWS = [
+    ("samples/s", lambda run: run["summary"]["samples_per_s"], ".1f"),
+    ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f"),
+    ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f"),
+    ("peak memory MB", lambda run: run["summary"].get("peak_memory_mb"), ".1f"),
+    ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f"),
+    ("GPU utilization %", gpu_value("utilization_pct"), ".1f"),
+    ("GPU idle %", gpu_value("idle_pct"), ".1f"),
+    ("kernels/step", gpu_value("kernels_per_step"), ".0f"),
+    ("median kernel us", gpu_value("median_kernel_us"), ".1f"),
+    ("launches/step", gpu_value("launches_per_step"), ".0f"),
+    ("syncs/step", gpu_value("syncs_per_step"), ".1f"),
+    ("tensor cores % of kernel time", gpu_value("tensor_core_pct"), ".0f"),
+]
+
+
+def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
+    """(label, bad, fixed, fixed ÷ bad) as text; rows with no value in either variant are left
+    out (a CPU run has no GPU rows)."""
+    rows = []
+    for label, read, spec in ROWS:
+        bad, fixed = (read(comparison[v]) for v in VARIANTS)
+        if bad is None and fixed is None:
+            continue
+        shown = ["n/a" if x is None else f"{x:{spec}}" for x in (bad, fixed)]
+        change = ratio(fixed, bad)
+        rows.append((label, *shown, "" if change is None else f"{change:.2f}x"))
+    verdicts = [", ".join(f["id"] for f in comparison[v]["analysis"]["findings"]) or "none"
+                for v in VARIANTS]
+    rows.append(("verdicts", *verdicts, ""))
+    return rows
+
+
+def conditions(comparison: dict) -> str:
+    """The run's conditions: device, torch, preset, batch, timed steps."""
+    bad, fixed = (comparison[v]["summary"] for v in VARIANTS)
+    batch = (str(bad.get("batch_size")) if bad.get("batch_size") == fixed.get("batch_size")
+             else f"{bad.get('batch_size')} (bad) / {fixed.get('batch_size')} (fixed)")
+    return (f"{bad.get('device')} ({bad.get('device_name')}), torch {bad.get('torch_version')}, "
+            f"preset {bad.get('preset')}, batch {batch}, {bad.get('steps')} timed steps, "
+            f"run {bad.get('created_utc', 'n/a')}")
+
+
+def notes(comparison: dict) -> list[str]:
+    """Notes a demo's summary carries (e.g. why a CPU cannot show the effect)."""
+    found = []
+    for variant in VARIANTS:
+        summary = comparison[variant]["summary"]
+        for key in ("note", "notes"):
+            value = summary.get(key)
+            for text in ([value] if isinstance(value, str) else value or []):
+                if text and text not in found:
+                    found.append(str(text))
+    return found
+
+
+def format_text(comparison: dict) -> str:
+    rows = [("", "bad", "fixed", "fixed/bad")] + table_rows(comparison)
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [f"{comparison['demo']}: {conditions(comparison)}"]
+    for row in rows:
+        lines.append("  " + "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i])
+                                      for i, cell in enumerate(row)))
+    if comparison["speedup"] is not None:
+        lines.append(f"  fixed / bad: {comparison['speedup']:.2f}x samples/s"
+                     + (f", {comparison['peak_memory_ratio']:.2f}x peak memory"
+                        if comparison["peak_memory_ratio"] is not None else ""))
+    for variant in VARIANTS:
+        for found in comparison[variant]["analysis"]["findings"]:
+            lines.append(f"  {variant}: [{found['severity']}] {found['id']}: {found['evidence']}")
+    lines += [f"  note: {text}" for text in notes(comparison)]
+    return "\n".join(lines)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit code 2, as for bad input
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m common.compare",
+        description="A demo's bad and fixed runs side by side: throughput, step time, GPU "
+                    "utilization and idle, kernels, syncs, peak memory and the verdicts.",
+        epilog="Exit code 2 when DEMO_DIR/bad or DEMO_DIR/fixed lacks a summary or a trace.")
+    parser.add_argument("demo_dir", metavar="DEMO_DIR", type=Path,
+                        help="e.g. traces/dataloader_workers (holds bad/ and fixed/)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object, with speedup and peak_memory_ratio (fixed / bad)")
+    flags = parser.parse_args(argv)
+    try:
+        comparison = compare(flags.demo_dir)
+    except CompareError as error:
+        print(f"compare: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(comparison, indent=2) if flags.json else format_text(comparison))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

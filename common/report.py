@@ -1,0 +1,381 @@
+"""The bad-vs-fixed report: REPORT.md and a self-contained report.html under the output root.
+
+    python -m common.report [OUT] [DEMO ...]
+
+For each pair: the comparison table (common.compare), the verdicts, a per-step time breakdown,
+a timeline of each variant (GPU busy, or the CPU's step regions on a CPU-only trace) and, where
+memory is the point, memory over time. The HTML inlines its plots as PNG data URIs and needs no
+network (the TensorBoard plugin's charts load from the internet). The PNGs are also written to
+OUT/report_files/ for REPORT.md. Imports no torch.
+
+./scripts/run_demos.sh rewrites both files at the end of every run, from that run only: a pair
+that failed is listed as failed, with no numbers; pairs not run this time are named as left over
+from earlier runs, never shown as current; report_files/ is emptied of old plots first.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from common import analyze, compare  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REPORT_MD = "REPORT.md"
+REPORT_HTML = "report.html"
+FIGURES_DIR = "report_files"
+# Pairs whose lesson is memory: their sections get a memory-over-time plot (any pair whose trace
+# draws an activation_memory verdict gets one too).
+MEMORY_CURVE_DEMOS = ("activation_checkpointing", "mixed_precision")
+FIGURE_DPI = 110  # ~1100 px wide figures: sharp in a browser, ~50 KB each
+# Timeline bars closer than this share of the time axis merge into one (below a pixel): keeps a
+# trace of 100 000 kernels drawable.
+TIMELINE_MIN_GAP_SHARE = 1 / 4000
+ROLE_COLORS = {"kernel": "#2e7d32", "memcpy": "#f9a825", "memset": "#8d6e63",
+               "runtime": "#6a1b9a", "dataloader": "#c62828", "cpu_exec": "#1565c0",
+               "other": "#bdbdbd"}
+REGION_COLORS = {analyze.DATALOADER_REGION: "#c62828", "data": "#ef9a9a", "forward": "#1565c0",
+                 "backward": "#64b5f6", "optimizer": "#6a1b9a"}
+VARIANT_COLORS = {"bad": "#c62828", "fixed": "#2e7d32"}
+TIMELINE_ROWS = ("data", analyze.DATALOADER_REGION, "forward", "backward", "optimizer")
+
+
+@dataclass
+class Section:
+    demo: str
+    status: str  # "ok", or why there are no numbers: "failed", "missing", "stale"
+    reason: str = ""
+    comparison: dict | None = None
+    figures: list[tuple[str, Path]] = field(default_factory=list)  # (caption, png)
+
+
+# --- Plots. ---------------------------------------------------------------------------------------
+
+def plot_step_breakdown(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
+    """Stacked bars, one per profiled step of each variant: where its time goes (ms), with the
+    TensorBoard plugin's priority (kernel > memcpy > memset > runtime > DataLoader > CPU >
+    other)."""
+    labels, rows = [], []
+    for variant, analysis in analyses.items():
+        for index, row in enumerate(analysis.breakdown_ms, start=1):
+            labels.append(f"{variant}\nstep {index}")
+            rows.append(row)
+    table = np.array(rows)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(labels) + 2), 4.2))
+    bottom = np.zeros(len(labels))
+    for index, role in enumerate(analyze.BREAKDOWN_ROLES):
+        if table[:, index].any():
+            ax.bar(labels, table[:, index], bottom=bottom, color=ROLE_COLORS[role],
+                   label=role.replace("_", " "))
+            bottom += table[:, index]
+    ax.set_ylabel("ms per step")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save(fig, out_png)
+
+
+def coalesce(spans: analyze.Spans, min_gap: float) -> analyze.Spans:
+    """Merge intervals separated by less than min_gap (they would overlap on screen anyway)."""
+    merged = analyze.merge(analyze.Spans(spans.start, spans.end + min_gap))
+    return analyze.Spans(merged.start, merged.end - min_gap)
+
+
+def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
+    """One row per variant's CPU regions and, when the trace has GPU work, a GPU-busy row (union
+    of kernels). Same time scale for every variant, from its first profiled step's start."""
+    longest_ms = max((a.window[1] - a.window[0]) / analyze.US_PER_MS for a in analyses.values())
+    min_gap = longest_ms * analyze.US_PER_MS * TIMELINE_MIN_GAP_SHARE
+    fig, axes = plt.subplots(len(analyses), 1, figsize=(11, 1.0 + 1.7 * len(analyses)),
+                             squeeze=False)
+    for ax, (variant, analysis) in zip(axes[:, 0], analyses.items()):
+        origin = analysis.window[0]
+        rows = [(name, analysis.regions[name]) for name in TIMELINE_ROWS
+                if name in analysis.regions and analysis.regions[name].size]
+        has_gpu = analysis.result["gpu"] is not None
+        if has_gpu:
+            rows.append(("GPU kernels", analysis.kernel_busy))
+        for y, (name, spans) in enumerate(rows):
+            shown = coalesce(analyze.clip(analyze.merge(spans), *analysis.window), min_gap)
+            ax.broken_barh(list(zip((shown.start - origin) / analyze.US_PER_MS,
+                                    (shown.end - shown.start) / analyze.US_PER_MS)),
+                           (y - 0.4, 0.8), color=REGION_COLORS.get(name, "#2e7d32"))
+        for edge in np.r_[analysis.steps.start, analysis.steps.end[-1:]]:
+            ax.axvline((edge - origin) / analyze.US_PER_MS, color="#616161", lw=0.8, ls="--")
+        ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
+        ax.set_ylim(max(len(rows), 1) - 0.4, -0.6)  # first row on top
+        ax.set_xlim(0, longest_ms)
+        gpu = analysis.result["gpu"]
+        ax.set_title(f"{variant}: GPU utilization {gpu['utilization_pct']:.0f} %" if has_gpu
+                     else f"{variant}: CPU-only trace, no GPU timeline - the CPU's step regions",
+                     fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms since the first profiled step (dashed: step boundaries)")
+    fig.suptitle(title, fontsize=10)
+    return save(fig, out_png)
+
+
+def plot_memory(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path | None:
+    """Allocated memory over time for each variant (the trace's device). None if no trace has
+    [memory] events (the profiler records them only with profile_memory=True)."""
+    if not any(a.memory_mb.size for a in analyses.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    for variant, analysis in analyses.items():
+        if not analysis.memory_mb.size:
+            continue
+        ms = (analysis.memory_ts - analysis.window[0]) / analyze.US_PER_MS
+        device = "GPU" if analysis.result["gpu"] else "CPU"
+        ax.step(ms, analysis.memory_mb, where="post", lw=1.2,
+                color=VARIANT_COLORS.get(variant),
+                label=f"{variant} ({device}, peak {format_mb(analysis.memory_mb.max())})")
+    ax.set_xlabel("ms since the first profiled step")
+    ax.set_ylabel("allocated MB")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return save(fig, out_png)
+
+
+def format_mb(value: float) -> str:
+    """Three significant figures at most, never an exponent (smoke runs allocate under 1 MB)."""
+    return f"{value:.0f} MB" if value >= 100 else f"{value:.{1 if value >= 10 else 2}f} MB"
+
+
+def plot_memory_over_time(traces: dict[str, Path], out_png: Path,
+                          title: str = "Memory allocated over the profiled steps") -> Path | None:
+    """Memory over time of one or more traces (label -> trace file or run directory), each for
+    its device: the GPU if the trace has GPU work, else the CPU. Writes out_png; returns it, or
+    None when no trace has [memory] events."""
+    return plot_memory({label: analyze.analyze(path) for label, path in traces.items()},
+                       Path(out_png), title)
+
+
+def save(fig, out_png: Path) -> Path:
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=FIGURE_DPI)
+    plt.close(fig)
+    return out_png
+
+
+# --- Sections. ------------------------------------------------------------------------------------
+
+def created(summary: dict) -> datetime | None:
+    try:
+        return datetime.fromisoformat(summary["created_utc"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = False,
+                  since: datetime | None = None) -> Section:
+    if failed:
+        return Section(demo, "failed", "a script of this pair failed in this run (see the log "
+                                       "above the report); no numbers are shown")
+    try:
+        comparison = compare.compare(out_root / demo, keep_detail=True)
+    except compare.CompareError as error:
+        return Section(demo, "missing", str(error))
+    if since is not None:
+        for variant in compare.VARIANTS:
+            when = created(comparison[variant]["summary"])
+            if when is None or when < since.replace(microsecond=0):
+                return Section(demo, "stale", f"{variant}/summary.json is from "
+                                              f"{when or 'an unknown time'}, before this run")
+    analyses = {v: comparison[v].pop("detail") for v in compare.VARIANTS}
+    section = Section(demo, "ok", comparison=comparison)
+    section.figures.append((
+        "Time per profiled step, by what runs (the TensorBoard plugin's Overview breakdown)",
+        plot_step_breakdown(analyses, figures_dir / f"{demo}_breakdown.png",
+                            f"{demo}: time per profiled step (ms)")))
+    on_gpu = all(a.result["gpu"] for a in analyses.values())
+    section.figures.append((
+        "Timeline of the profiled steps: the CPU's regions and the GPU's busy time (union of "
+        "kernels)" if on_gpu else
+        "Timeline of the profiled steps: the CPU's regions (data, DataLoader, forward, backward, "
+        "optimizer). CPU-only traces: there is no GPU timeline to show",
+        plot_timeline(analyses, figures_dir / f"{demo}_timeline.png", f"{demo}: timeline")))
+    memory_verdict = any(f["id"] == "activation_memory"
+                         for a in analyses.values() for f in a.result["findings"])
+    if demo in MEMORY_CURVE_DEMOS or memory_verdict:
+        png = plot_memory(analyses, figures_dir / f"{demo}_memory.png",
+                          f"{demo}: memory allocated over the profiled steps")
+        if png:
+            section.figures.append(("Memory allocated over time (the profiler's memory events)",
+                                    png))
+    return section
+
+
+def leftover_pairs(out_root: Path, reported: list[str]) -> list[str]:
+    """Pair folders under out_root that this report does not cover (earlier runs)."""
+    if not out_root.is_dir():
+        return []
+    return sorted(d.name for d in out_root.iterdir()
+                  if d.is_dir() and d.name not in reported
+                  and all((d / v / compare.SUMMARY_FILE).is_file() for v in compare.VARIANTS))
+
+
+def demo_readme(demo: str, out_root: Path) -> str | None:
+    readme = REPO_ROOT / "demos" / demo / "README.md"
+    return os.path.relpath(readme, out_root.resolve()) if readme.is_file() else None
+
+
+# --- Rendering. -----------------------------------------------------------------------------------
+
+def header_lines(out_root: Path, generated: str, leftovers: list[str]) -> list[str]:
+    lines = [f"Generated {generated} from the runs under `{out_root}`. Throughput, step time and "
+             "peak memory come from each script's unprofiled timed phase (summary.json); GPU "
+             "numbers and verdicts from its trace (`python -m common.analyze`). Definitions and "
+             "thresholds: the top-level README, \"Analyzing a trace\"."]
+    if leftovers:
+        lines.append("Not in this run (folders left from earlier runs, not shown): "
+                     + ", ".join(f"`{name}`" for name in leftovers) + ".")
+    return lines
+
+
+def render_markdown(sections: list[Section], out_root: Path, generated: str,
+                    leftovers: list[str]) -> str:
+    lines = ["# Bad vs fixed: the report", ""] + header_lines(out_root, generated, leftovers)
+    for section in sections:
+        lines += ["", f"## {section.demo}", ""]
+        if section.status != "ok":
+            lines.append(f"**No comparison ({section.status}):** {section.reason}")
+            continue
+        comparison = section.comparison
+        readme = demo_readme(section.demo, out_root)
+        lines.append(compare.conditions(comparison)
+                     + (f". Walkthrough: [{section.demo}/README.md]({readme})" if readme else ""))
+        lines += ["", "| | bad | fixed | fixed / bad |", "|---|---:|---:|---:|"]
+        lines += [f"| {label} | {bad} | {fixed} | {change} |"
+                  for label, bad, fixed, change in compare.table_rows(comparison)]
+        lines.append("")
+        lines += verdict_lines(comparison, markdown=True)
+        lines += [f"> {text}" for text in compare.notes(comparison)]
+        for caption, png in section.figures:
+            lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
+    return "\n".join(lines) + "\n"
+
+
+def verdict_lines(comparison: dict, markdown: bool) -> list[str]:
+    lines = []
+    for variant in compare.VARIANTS:
+        findings = comparison[variant]["analysis"]["findings"]
+        if not findings:
+            lines.append(f"- {variant}: no verdict (no bottleneck rule fired)")
+        for found in findings:
+            see = f" (see demos/{found['demo']}/)" if found["demo"] else ""
+            name = f"**{found['id']}**" if markdown else found["id"]
+            lines.append(f"- {variant}: [{found['severity']}] {name}: {found['evidence']}. "
+                         f"Fix: {found['fix']}{see}")
+    return lines
+
+
+HTML_STYLE = """
+body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1180px;
+       margin: 2em auto; padding: 0 1em; color: #212121; }
+table { border-collapse: collapse; margin: 0.8em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.7em; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+.failed { background: #fff3e0; padding: 0.6em 1em; border-left: 4px solid #ef6c00; }
+figure { margin: 1em 0; } figcaption { color: #616161; font-size: 0.9em; }
+img { max-width: 100%; } .note { color: #455a64; }
+"""
+
+
+def data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+def render_html(sections: list[Section], out_root: Path, generated: str,
+                leftovers: list[str]) -> str:
+    e = html.escape
+    parts = ["<!doctype html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+             "<title>Bad vs fixed: the report</title>", f"<style>{HTML_STYLE}</style></head><body>",
+             "<h1>Bad vs fixed: the report</h1>"]
+    parts += [f"<p>{e(line).replace('`', '')}</p>" for line in header_lines(out_root, generated,
+                                                                              leftovers)]
+    for section in sections:
+        parts.append(f"<h2 id=\"{e(section.demo)}\">{e(section.demo)}</h2>")
+        if section.status != "ok":
+            parts.append(f"<p class=\"failed\"><b>No comparison ({e(section.status)}):</b> "
+                         f"{e(section.reason)}</p>")
+            continue
+        comparison = section.comparison
+        readme = demo_readme(section.demo, out_root)
+        parts.append(f"<p>{e(compare.conditions(comparison))}"
+                     + (f". Walkthrough: <a href=\"{e(readme)}\">{e(section.demo)}/README.md</a>"
+                        if readme else "") + "</p>")
+        parts.append("<table><tr><th></th><th>bad</th><th>fixed</th><th>fixed / bad</th></tr>")
+        for label, bad, fixed, change in compare.table_rows(comparison):
+            parts.append(f"<tr><td>{e(label)}</td><td class=\"n\">{e(bad)}</td>"
+                         f"<td class=\"n\">{e(fixed)}</td><td class=\"n\">{e(change)}</td></tr>")
+        parts.append("</table><ul>")
+        parts += [f"<li>{e(line[2:])}</li>" for line in verdict_lines(comparison, markdown=False)]
+        parts.append("</ul>")
+        parts += [f"<p class=\"note\">{e(text)}</p>" for text in compare.notes(comparison)]
+        for caption, png in section.figures:
+            parts.append(f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
+                         f"<figcaption>{e(caption)}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_report(out_root: Path, demos: list[str] | None = None, failed: set[str] = frozenset(),
+                 since: datetime | None = None) -> tuple[Path, Path]:
+    """Write OUT/REPORT.md and OUT/report.html for `demos` (default: every pair folder with both
+    summaries). `failed`: pairs whose run failed now (shown as failed, no numbers). `since`: when
+    the run started; a summary older than that is stale and not shown."""
+    out_root = Path(out_root)
+    if demos is None:
+        demos = leftover_pairs(out_root, [])
+    figures_dir = out_root / FIGURES_DIR
+    if figures_dir.is_dir():  # plots of an earlier run must not outlive it
+        for old in figures_dir.glob("*.png"):
+            old.unlink()
+    generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    sections = [build_section(out_root, demo, figures_dir, demo in failed, since)
+                for demo in demos]
+    leftovers = leftover_pairs(out_root, list(demos))
+    out_root.mkdir(parents=True, exist_ok=True)
+    markdown = out_root / REPORT_MD
+    page = out_root / REPORT_HTML
+    markdown.write_text(render_markdown(sections, out_root, generated, leftovers))
+    page.write_text(render_html(sections, out_root, generated, leftovers))
+    return markdown, page
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit code 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m common.report",
+        description="Write REPORT.md and a self-contained report.html comparing bad and fixed "
+                    "for the pairs under OUT (what ./scripts/run_demos.sh does after its runs).")
+    parser.add_argument("out", metavar="OUT", type=Path, nargs="?",
+                        default=REPO_ROOT / "traces", help="output root (default: traces/)")
+    parser.add_argument("demos", metavar="DEMO", nargs="*",
+                        help="pairs to report (default: every folder with bad/ and fixed/ "
+                             "summaries)")
+    flags = parser.parse_args(argv)
+    if not flags.out.is_dir():
+        print(f"report: {flags.out}: no such directory", file=sys.stderr)
+        return 2
+    markdown, page = write_report(flags.out, flags.demos or None)
+    print(f"wrote {markdown} and {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The trace analyzer: metrics on hand-built traces with hand-computed numbers, each verdict on its
+case and silent on a healthy control, bad input, and the CPU traces of the demos' smoke runs."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from common import analyze, trace
+from tests.conftest import ROOT, read_summary
+from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FP32_GEMM, H100_MEMORY_BYTES, H100_NAME,
+                                  MIB, NVJET_GEMM, KinetoTrace, simulate_training)
+
+T0 = 1_000_000.0  # µs; a realistic absolute clock keeps float precision honest
+
+
+def hand_trace(vocabulary: str) -> KinetoTrace:
+    """Two steps, every number chosen so the expected metrics can be worked out by hand (see
+    test_gpu_metrics_match_the_hand_computed_numbers). Times are µs after T0."""
+    t = KinetoTrace(vocabulary=vocabulary)
+    t.gpu()
+    t.launch(T0 - 50, 5, T0 - 40, 45, name=ELEMENTWISE)  # before the steps, runs into step 1
+    t.step(1, T0 + 0, 100)
+    t.dataloader(T0 + 1, 8)
+    t.op("aten::mm", T0 + 8, 32)
+    t.launch(T0 + 10, 5, T0 + 20, 30, name=BF16_GEMM)
+    t.launch(T0 + 20, 5, T0 + 50, 5, name=ELEMENTWISE)
+    t.memcpy(T0 + 30, 4, T0 + 60, 10, kind="HtoD")
+    t.step(2, T0 + 100, 100)
+    t.launch(T0 + 110, 5, T0 + 120.25, 20, name=FP32_GEMM)
+    t.runtime("cudaStreamSynchronize", T0 + 160, 25)
+    t.memset(T0 + 170, 2, T0 + 175, 2)
+    t.launch(T0 + 186, 4, T0 + 190, 40.5, name=NVJET_GEMM)  # runs past the step's host end
+    for at, mib, device_type in ((10, 100, 1), (60, 300, 1), (150, 200, 1), (70, 999, 0)):
+        t.memory(T0 + at, mib * MIB, device_type)
+    return t
+
+
+# By hand, for hand_trace (µs after T0):
+# GPU busy: [-40,5] [20,55] [60,70] [120.25,140.25] [175,177] [190,230.5] -> 152.5 of 270.5.
+# Step 1 starts when the pre-step kernel ends (5), ends at its host end (100); step 2 runs
+# 100 .. 230.5 (its last kernel). Window 5 .. 230.5 = 225.5.
+WINDOW_US = 225.5
+EXPECTED_GPU = {
+    "utilization_pct": 100 * (35 + 20 + 40.5) / WINDOW_US,
+    "idle_pct": 100 * (1 - 152.5 / 270.5),
+    "kernels_per_step": 4 / 2,
+    "median_kernel_us": 25.0,  # of 30, 5, 20, 40.5
+    "short_kernel_pct": 25.0,  # one of four < 10 µs
+    "launches_per_step": 4 / 2,  # the pre-step launch is outside the steps
+    "syncs_per_step": 1 / 2,
+    "h2d_pct": 100 * 10 / WINDOW_US,
+    "tensor_core_pct": 100 * (30 + 40.5) / 95.5,  # the bf16 xmma GEMM and the nvjet kernel
+    "gemm_pct": 100 * 90.5 / 95.5,
+    "non_tensor_core_gemm_pct": 100 * 20 / 95.5,  # the sgemm
+    "kernel_ms_per_step": 95.5 / 2 / 1000,
+    "launch_ms_per_step": (5 + 5 + 5 + 4) / 2 / 1000,
+    "sync_idle_pct": 100 * 13 / WINDOW_US,  # the sync returns at 185 in the gap 177 .. 190
+}
+
+
+@pytest.mark.parametrize("vocabulary", ["current", "2021", "tensorboard"])
+def test_gpu_metrics_match_the_hand_computed_numbers(tmp_path, vocabulary):
+    result = analyze.analyze_trace(hand_trace(vocabulary).write(tmp_path / "t.pt.trace.json"))
+    assert result["device"] == "cuda" and result["gpu_name"] == H100_NAME
+    assert result["steps"] == 2  # the GPU-side copies of ProfilerStep#N are not steps
+    assert result["step_ms"]["mean"] == pytest.approx((95 + 130.5) / 2 / 1000)
+    assert result["step_ms"]["p50"] == pytest.approx((95 + 130.5) / 2 / 1000)
+    assert result["step_ms"]["p95"] == pytest.approx((95 + 0.95 * 35.5) / 1000)
+    assert result["window_ms"] == pytest.approx(WINDOW_US / 1000)
+    assert result["dataloader_pct"] == pytest.approx(100 * 4 / WINDOW_US)  # clipped at 5
+    assert result["peak_memory_mb"] == pytest.approx(300.0)  # CUDA events only
+    assert result["device_memory_mb"] == pytest.approx(H100_MEMORY_BYTES / MIB)
+    for name, expected in EXPECTED_GPU.items():
+        assert result["gpu"][name] == pytest.approx(expected, rel=1e-9), name
+
+
+def test_idle_uses_the_float_timestamps(tmp_path):
+    """Rounded to whole µs, the idle share would move by 0.5/270.5 (the kernel ending at 230.5)."""
+    result = analyze.analyze_trace(hand_trace("current").write(tmp_path / "t.pt.trace.json"))
+    rounded_idle = 100 * (1 - 152 / 270)
+    assert result["gpu"]["idle_pct"] == pytest.approx(EXPECTED_GPU["idle_pct"], abs=1e-9)
+    assert abs(result["gpu"]["idle_pct"] - rounded_idle) > 0.05
+
+
+def test_step_breakdown_follows_the_plugin_priority(tmp_path):
+    """Step 1 (5 .. 100): DataLoader 5-9, CPU 9-10, runtime 10-15, CPU 15-20, kernel 20-55 (the
+    runtime calls under it count as kernel), other 55-60, memcpy 60-70, other 70-100."""
+    analysis = analyze.analyze(hand_trace("current").write(tmp_path / "t.pt.trace.json"))
+    step_1 = dict(zip(analyze.BREAKDOWN_ROLES, analysis.breakdown_ms[0] * 1000))
+    expected = {"kernel": 35, "memcpy": 10, "memset": 0, "runtime": 5, "dataloader": 4,
+                "cpu_exec": 6, "other": 35}
+    assert step_1 == pytest.approx(expected)
+    assert analysis.breakdown_ms.sum(axis=1) * 1000 == pytest.approx([95, 130.5])
+
+
+def test_gzip_and_plain_json_give_the_same_result(tmp_path):
+    built = hand_trace("current")
+    plain = analyze.analyze_trace(built.write(tmp_path / "a.pt.trace.json"))
+    packed = analyze.analyze_trace(built.write(tmp_path / "b.pt.trace.json.gz", compress=True))
+    plain.pop("trace"), packed.pop("trace")
+    assert plain == packed
+
+
+@pytest.mark.parametrize("chunk_bytes", [300, 5000])
+def test_reading_in_pieces_gives_the_whole_file_result(tmp_path, monkeypatch, chunk_bytes):
+    """Large traces are parsed a piece of traceEvents at a time (trace.event_pieces); any split
+    must give what one parse of the whole file gives."""
+    path = simulate_training(KinetoTrace(), steps=5, dataloader_us=50, syncs_per_step=2,
+                             after_sync_us=40, h2d_us=30).write(tmp_path / "t.pt.trace.json")
+    whole = analyze.analyze_trace(path)
+    monkeypatch.setattr(trace, "CHUNK_BYTES", chunk_bytes)
+    _, pieces = trace.event_pieces(path)
+    assert len(list(pieces)) > 1
+    assert analyze.analyze_trace(path) == whole
+
+
+def test_a_split_inside_a_string_falls_back_to_one_parse(tmp_path, monkeypatch):
+    """A kernel named with "},{" in it: a piece ends inside the name, does not parse, and the
+    whole file is read at once instead, with the hand-computed result."""
+    built = hand_trace("current")
+    for event in built.events:
+        if event.get("name") == ELEMENTWISE:
+            event["name"] = 'odd<"},{"> kernel'
+    path = built.write(tmp_path / "t.pt.trace.json")
+    monkeypatch.setattr(trace, "CHUNK_BYTES", 10)  # try a split after every event
+    with pytest.raises(trace.SplitFailed):
+        list(trace.event_pieces(path)[1])
+    result = analyze.analyze_trace(path)
+    assert result["gpu"]["idle_pct"] == pytest.approx(EXPECTED_GPU["idle_pct"])
+    assert result["gpu"]["utilization_pct"] == pytest.approx(EXPECTED_GPU["utilization_pct"])
+
+
+def test_a_run_directory_means_its_newest_trace(tmp_path):
+    import os
+    old = hand_trace("current").write(tmp_path / "old.pt.trace.json")
+    new = simulate_training(KinetoTrace(), steps=4).write(tmp_path / "new.pt.trace.json.gz",
+                                                          compress=True)
+    os.utime(old, (1, 1))
+    result = analyze.analyze_trace(tmp_path)
+    assert result["trace"] == str(new) and result["steps"] == 4
+
+
+def test_no_steps_means_the_whole_trace_is_one_step(tmp_path):
+    t = KinetoTrace()
+    t.op("aten::mm", T0, 100)
+    t.dataloader(T0 + 10, 30)
+    t.op("aten::add", T0 + 150, 50)
+    t.events.append({"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": t.cpu_pid,
+                     "tid": t.cpu_pid, "ts": T0 + 120})  # no "dur": zero length
+    result = analyze.analyze_trace(t.write(tmp_path / "t.pt.trace.json"))
+    assert result["steps"] == 1 and not result["steps_named"]
+    assert result["step_ms"]["mean"] == pytest.approx(0.2)
+    assert result["dataloader_pct"] == pytest.approx(15.0)
+    assert result["device"] == "cpu" and result["gpu"] is None and result["findings"] == []
+    assert result["peak_memory_mb"] is None
+
+
+def test_one_step_cpu_trace_with_integer_times(tmp_path):
+    t = KinetoTrace(vocabulary="2021")
+    t.step(7, 1000, 400)
+    t.dataloader(1000, 100)
+    t.op("aten::conv2d", 1100, 300)
+    t.memory(1200, 64 * MIB, 0)
+    result = analyze.analyze_trace(t.write(tmp_path / "t.pt.trace.json"))
+    assert (result["steps"], result["device"], result["gpu"]) == (1, "cpu", None)
+    assert result["step_ms"] == {"mean": 0.4, "p50": 0.4, "p95": 0.4}
+    assert result["dataloader_pct"] == pytest.approx(25.0)
+    assert result["peak_memory_mb"] == pytest.approx(64.0)
+    assert [f["id"] for f in result["findings"]] == ["dataloader"]
+
+
+def test_tensor_core_names_across_generations():
+    for name in ("volta_h884gemm_64x64_ldg8_nn", "turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn",
+                 "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn",
+                 "cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8",
+                 "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"
+                 "_execute_segment_k_off_kernel__5x_cublas", BF16_GEMM, NVJET_GEMM,
+                 "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x64",
+                 "void cutlass::Kernel2<cutlass_80_wmma_tensorop_s161616gemm_f16_32x32_128x2_tn>",
+                 "sm90_gemm_bf16_wgmma_kernel"):
+        assert analyze.uses_tensor_cores(name), name
+    for name in (FP32_GEMM, "volta_sgemm_128x64_nn", "cutlass_80_simt_sgemm_128x64_8x5_nn_align1",
+                 "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma",
+                 "void cudnn::cnn::implicit_convolve_sgemm<float, float, 128, 6, 7, 3, 3, 5>",
+                 ELEMENTWISE, "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::"
+                 "BFloat16, at::native::func_wrapper_t<float, at::native::sum_functor>>>"):
+        assert not analyze.uses_tensor_cores(name), name
+
+
+# --- Verdicts: each fires on its case (and only it) and stays silent on a healthy control. ------
+
+def verdicts(tmp_path, built: KinetoTrace) -> list[str]:
+    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
+    return [f["id"] for f in result["findings"]]
+
+
+def gpu_trace(**options) -> KinetoTrace:
+    built = KinetoTrace()
+    built.gpu()
+    return simulate_training(built, **options)
+
+
+def test_healthy_run_yields_no_findings(tmp_path):
+    # 200 µs bf16 GEMMs launched every 10 µs keep the GPU busy; memory at 30 % of the GPU.
+    built = gpu_trace(peak_memory_bytes=int(0.3 * H100_MEMORY_BYTES), syncs_per_step=1)
+    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
+    assert result["gpu"]["utilization_pct"] > 95 and result["findings"] == []
+
+
+VERDICT_CASES = {
+    # 400 µs of DataLoader before 20 x 25 µs of busy GPU in every step
+    "dataloader": dict(dataloader_us=400, kernel_us=25),
+    # 15 µs kernels (not short) launched every 40 µs: 37 % busy, median 15 µs
+    "small_batch": dict(kernel_us=15, launch_gap_us=40, kernels_per_step=100),
+    # FP32 SIMT GEMMs keep the GPU busy without tensor cores
+    "fp32_matmul": dict(kernel_name=FP32_GEMM),
+    # peak allocated at 90 % of the GPU's 80 GB
+    "activation_memory": dict(peak_memory_bytes=int(0.9 * H100_MEMORY_BYTES)),
+    # 4 µs kernels, each behind a 6 µs launch call
+    "launch_overhead": dict(kernel_us=4, launch_us=6, launch_gap_us=8, kernels_per_step=200),
+    # two syncs per step, each followed by 300 µs of host work before the next launch
+    "host_sync": dict(syncs_per_step=2, after_sync_us=300),
+    # a 600 µs pageable host-to-device copy per step
+    "h2d_copy": dict(h2d_us=600),
+}
+
+
+@pytest.mark.parametrize("rule_id", sorted(VERDICT_CASES))
+def test_each_verdict_fires_on_its_case_alone(tmp_path, rule_id):
+    built = gpu_trace(**VERDICT_CASES[rule_id])
+    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
+    assert [f["id"] for f in result["findings"]] == [rule_id]
+    found = result["findings"][0]
+    assert found["severity"] in ("high", "medium") and found["fix"]
+    assert found["demo"] in ("dataloader_workers", "small_batch", "mixed_precision",
+                             "activation_checkpointing", "launch_overhead", "item_sync")
+    assert any(ch.isdigit() for ch in found["evidence"])  # evidence states the numbers
+
+
+def test_verdict_thresholds_are_the_boundaries(tmp_path):
+    """Just below a threshold the rule is silent; just above, it fires."""
+    base = dict(steps=1, kernels_per_step=10, kernel_us=50, launch_gap_us=5, gpu_latency_us=3)
+    gpu_after_loader_us = 3 + 10 * 50  # the step ends when its last kernel does
+
+    def loader_share(pct: float) -> KinetoTrace:  # share = loader / (loader + GPU after it)
+        return gpu_trace(dataloader_us=pct / (100 - pct) * gpu_after_loader_us, **base)
+    assert analyze.analyze_trace(loader_share(19.9).write(tmp_path / "a.pt.trace.json"))[
+        "dataloader_pct"] == pytest.approx(19.9)
+    assert "dataloader" not in verdicts(tmp_path, loader_share(19.9))
+    assert "dataloader" in verdicts(tmp_path, loader_share(20.1))
+    memory = [verdicts(tmp_path, gpu_trace(peak_memory_bytes=int(share * H100_MEMORY_BYTES),
+                                           **base))
+              for share in (0.849, 0.851)]
+    assert "activation_memory" not in memory[0] and "activation_memory" in memory[1]
+
+
+def test_small_batch_defers_to_the_named_causes(tmp_path):
+    """Short kernels and an idle GPU because of the DataLoader are a DataLoader problem."""
+    ids = verdicts(tmp_path, gpu_trace(kernel_us=15, launch_gap_us=40, kernels_per_step=20,
+                                       dataloader_us=2000))
+    assert ids == ["dataloader"]
+
+
+def test_one_sync_per_step_in_a_gpu_bound_loop_is_not_a_finding(tmp_path):
+    """A loss.item() per step costs almost nothing when the GPU is the bottleneck."""
+    built = gpu_trace(syncs_per_step=1, after_sync_us=20)
+    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
+    assert result["gpu"]["syncs_per_step"] == 1.0
+    assert result["gpu"]["sync_idle_pct"] < analyze.HOST_SYNC_IDLE_MIN_PCT
+    assert result["findings"] == []
+
+
+def test_gpu_verdicts_are_not_made_on_a_cpu_trace(tmp_path):
+    t = KinetoTrace()
+    t.step(1, T0, 1000)
+    t.op("aten::mm", T0, 1000)
+    t.memory(T0 + 1, 10**12, 0)  # a terabyte of CPU memory: no GPU memory verdict
+    result = analyze.analyze_trace(t.write(tmp_path / "t.pt.trace.json"))
+    assert result["gpu"] is None and result["findings"] == []
+
+
+# --- Bad input: one line on stderr naming the file, exit code 2, no traceback. ------------------
+
+BAD_INPUTS = {
+    "not JSON": b"this is not json",
+    "truncated or corrupt gzip": gzip.compress(b'{"traceEvents": []}' * 50)[:30],
+    "empty file": b"",
+    "no traceEvents": b"{}",
+    "top level is a JSON list": b'[{"ph": "X"}]',
+    "traceEvents is empty": b'{"traceEvents": []}',
+    "traceEvents is a JSON dict, not a list": b'{"traceEvents": {"a": 1}}',
+    "not a Kineto trace": b'{"traceEvents": [{"ph": "X", "name": "x"}]}',  # no ts
+    "no timed events": b'{"traceEvents": [{"ph": "M", "name": "process_name"}]}',
+}
+
+
+@pytest.mark.parametrize("problem", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, problem):
+    path = tmp_path / "bad.pt.trace.json"
+    path.write_bytes(BAD_INPUTS[problem])
+    assert analyze.main([str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and str(path) in captured.err and problem in captured.err
+
+
+def test_missing_file_and_empty_directory(tmp_path, capsys):
+    assert analyze.main([str(tmp_path / "nope.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert analyze.main([str(tmp_path)]) == 2
+    assert "no .pt.trace.json" in capsys.readouterr().err
+
+
+def test_command_line_without_torch(tmp_path):
+    """The analyzer runs where torch is absent, and bad input exits 2 without a traceback."""
+    good = hand_trace("current").write(tmp_path / "t.pt.trace.json.gz", compress=True)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "from common import analyze, compare, report\n"
+              "code = analyze.main(sys.argv[1:])\n"
+              "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+              "sys.exit(code)")
+    ok = subprocess.run([sys.executable, "-c", script, str(good), "--json"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["gpu"]["kernels_per_step"] == 2
+    failed = subprocess.run([sys.executable, "-c", script, str(bad)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.startswith("analyze: ") and "not JSON" in failed.stderr
+
+
+def test_human_output_names_the_verdict_and_the_demo(tmp_path, capsys):
+    path = gpu_trace(**VERDICT_CASES["small_batch"]).write(tmp_path / "t.pt.trace.json")
+    assert analyze.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "small_batch" in out and "demos/small_batch/" in out and "utilization" in out
+
+
+def test_flags_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        analyze.main(["--frobnicate"])
+    assert exit_info.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+# --- The demos' own CPU traces. ------------------------------------------------------------------
+
+def cpu_spans(path, predicate) -> list[tuple[float, float]]:
+    events = trace.load_trace(path)["traceEvents"]
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                  if e.get("ph") == "X" and predicate(e["name"]))
+
+
+def test_smoke_traces_of_the_workers_pair(workers_smoke_out):
+    for variant in ("bad", "fixed"):
+        run_dir = workers_smoke_out / "dataloader_workers" / variant
+        result = analyze.analyze_trace(run_dir)
+        summary = read_summary(workers_smoke_out, "dataloader_workers", variant)
+        assert result["trace"].endswith(summary["trace_file"])
+        assert result["device"] == "cpu" and result["gpu"] is None and result["steps"] == 3
+        # Recomputed from the raw events: with no GPU the steps are the ProfilerStep spans, and
+        # the DataLoader spans (one per step, one after another) are summed inside them.
+        steps = cpu_spans(result["trace"], lambda name: name.startswith("ProfilerStep#"))
+        loader = cpu_spans(result["trace"], lambda name: name.startswith("enumerate(DataLoader)#"))
+        low, high = steps[0][0], steps[-1][1]
+        step_ms = [(end - start) / 1000 for start, end in steps]
+        assert result["step_ms"]["mean"] == pytest.approx(sum(step_ms) / 3)
+        assert result["step_ms"]["p50"] == pytest.approx(sorted(step_ms)[1])
+        inside_us = sum(max(0.0, min(end, high) - max(start, low)) for start, end in loader)
+        assert len(loader) >= 3 and result["dataloader_pct"] == pytest.approx(
+            100 * inside_us / (high - low))
+        assert result["peak_memory_mb"] == pytest.approx(summary["peak_memory_mb"])
+        assert sum(result["step_breakdown_ms"].values()) == pytest.approx(
+            result["step_ms"]["mean"])
+        assert not {f["id"] for f in result["findings"]} - {"dataloader"}  # no GPU verdicts
