@@ -61,3 +61,40 @@ def augmented_images(run) -> JpegImages:
     """Exactly enough samples for one run (warm-up, timed and profiled steps), so no epoch
     restarts in the middle of a measurement."""
     return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, **run.sizes)
+
+
+# Distinct batches staged on the device and taken in turn: two, so consecutive steps see different
+# data while the device memory they hold stays small (a GPU-resident dataset, in effect).
+STAGED_BATCHES = 2
+
+
+def staged(run, make_batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """STAGED_BATCHES batches from make_batch(generator), generated on the CPU from run.seed (the
+    same data on every device) and moved to the run's device before anything is measured."""
+    generator = torch.Generator().manual_seed(run.seed)
+    batches = []
+    for _ in range(STAGED_BATCHES):
+        inputs, targets = make_batch(generator)
+        batches.append((inputs.to(run.device), targets.to(run.device)))
+    return batches
+
+
+def staged_images(run) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random images [batch, 3, image_px, image_px] and class labels [batch], on the device."""
+    side, classes, batch = run.sizes["image_px"], run.sizes["num_classes"], run.batch_size
+    return staged(run, lambda g: (torch.randn(batch, 3, side, side, generator=g),
+                                  torch.randint(0, classes, (batch,), generator=g)))
+
+
+def staged_tokens(run) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random token ids [batch, seq_len] and a target token per position, on the device."""
+    vocab, shape = run.sizes["vocab"], (run.batch_size, run.sizes["seq_len"])
+    return staged(run, lambda g: (torch.randint(0, vocab, shape, generator=g),
+                                  torch.randint(0, vocab, shape, generator=g)))
+
+
+def staged_features(run) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random feature vectors [batch, width] and class labels [batch], on the device."""
+    width, classes, batch = run.sizes["width"], run.sizes["num_classes"], run.batch_size
+    return staged(run, lambda g: (torch.randn(batch, width, generator=g),
+                                  torch.randint(0, classes, (batch,), generator=g)))

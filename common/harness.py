@@ -4,18 +4,24 @@ setup() parses the common flags, picks the device and its size preset and return
 train() runs a training loop through measure(), which does, in order:
   warm-up -> a timed phase without the profiler (wall clock, device synchronised) -> a short
   profiled phase that writes a TensorBoard trace -> summary.json and key_averages.txt.
+train_on_device() does the same for batches already on the device (optionally under autocast);
+a demo whose lesson is the loop itself writes its own step and calls measure().
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import random
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,7 +30,7 @@ import torch
 from torch.profiler import (ProfilerActivity, profile, record_function, schedule,
                             tensorboard_trace_handler)
 
-from common import presets, trace
+from common import presets, tensorboard_compat, trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "traces"
@@ -39,6 +45,10 @@ KEY_AVERAGES_ROWS = 25  # rows of the operator table in key_averages.txt
 # Kineto's log levels run VERBOSE 0 .. ERROR 4, USDT 5. On a machine with no GPU the CUDA build of
 # Kineto logs "gpuGetDeviceCount failed" as an ERROR at every profile: harmless, but alarming.
 KINETO_LOG_LEVEL_CPU = "5"
+# /proc/cpuinfo flags of CPUs that run BF16 matmuls in hardware (oneDNN uses them): AMX tiles
+# (Intel Sapphire Rapids and later), AVX-512 BF16 dot products (Cooper Lake, AMD Zen 4), and "bf16"
+# in an Arm CPU's Features line (Neoverse V1, Graviton3). Without any, BF16 is emulated in FP32.
+CPU_NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 SUMMARY_FILE = "summary.json"
 KEY_AVERAGES_FILE = "key_averages.txt"
 
@@ -55,6 +65,8 @@ class Run:
     seed: int
     out_dir: Path  # <out>/<demo>/<variant>: the trace, summary.json, key_averages.txt
     config: dict = field(default_factory=dict)  # what differs between bad and fixed
+    extra: dict = field(default_factory=dict)  # demo-specific facts, written to summary["extra"]
+    notes: list[str] = field(default_factory=list)  # sentences for the reader: printed and saved
 
     @property
     def batch_size(self) -> int:
@@ -122,13 +134,17 @@ def device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} ({presets.usable_cpu_count()} cores)"
 
 
-def setup(demo: str, variant: str, argv: list[str] | None = None) -> Run:
-    """Parse the flags every demo takes, seed everything and pick the device and its preset."""
+def setup(demo: str, variant: str, argv: list[str] | None = None, *,
+          batch_size: int | None = None) -> Run:
+    """Parse the flags every demo takes, seed everything and pick the device and its preset.
+    `batch_size`, when given, replaces the preset's (a demo whose lesson is the batch size)."""
     parser = build_parser(demo, variant)
     flags = parser.parse_args(argv)
     device = pick_device(flags.device, parser)
     name = presets.preset_name(device.type, flags.smoke)
     preset = presets.PRESETS[demo][name]
+    if batch_size is not None:
+        preset = replace(preset, batch_size=batch_size)
     torch.set_num_threads(presets.main_process_threads(device.type))
     if device.type == "cpu":
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL_CPU)
@@ -186,6 +202,69 @@ def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return measure(run, step)
 
 
+def cpu_native_bf16_flags() -> list[str]:
+    """The flags in CPU_NATIVE_BF16_FLAGS that /proc/cpuinfo lists (empty: none, or no Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        if line.startswith(("flags", "Features")):  # x86 names it flags, Arm Features
+            present = set(line.split(":", 1)[1].split())
+            return [flag for flag in CPU_NATIVE_BF16_FLAGS if flag in present]
+    return []
+
+
+def note_cpu_bf16(run: Run) -> None:
+    """Say what a BF16 result on this CPU means, so a CPU number is not mistaken for the lesson."""
+    flags = cpu_native_bf16_flags()
+    run.extra["cpu_native_bf16"] = bool(flags)
+    run.extra["cpu_native_bf16_flags"] = flags
+    if flags:
+        run.notes.append(f"this CPU has native BF16 ({', '.join(flags)}): oneDNN runs the BF16 "
+                         "matmuls in hardware, so the CPU number here is real BF16, not "
+                         "emulated; the lesson is the GPU's, where BF16 runs on tensor cores "
+                         "(see the README)")
+    else:
+        run.notes.append("no native BF16 on this CPU; the speed-up needs tensor cores "
+                         "(BF16 is emulated here, so expect a slowdown on this CPU)")
+
+
+def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
+                    autocast_dtype: torch.dtype | None = None,
+                    loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
+    """Train on (inputs, targets) batches that already sit on the device, taken in turn, so the
+    measurement holds the model's step and nothing of data loading. With `autocast_dtype`, the
+    forward pass and the loss run under torch.autocast in that dtype. Returns the summary."""
+    cycle = itertools.cycle(batches)
+    model.train()
+
+    def precision():
+        if autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(run.device.type, dtype=autocast_dtype)
+
+    def step() -> None:
+        with record_function("data"):
+            inputs, targets = next(cycle)
+        with record_function("forward"), precision():
+            loss = loss_fn(model(inputs), targets)
+        with record_function("backward"):  # outside autocast: backward follows the forward's dtypes
+            loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    dtype_name = None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch.")
+    run.config.update(data="staged on the device", staged_batches=len(batches),
+                      autocast_dtype=dtype_name, tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+                      tf32_cudnn=torch.backends.cudnn.allow_tf32)
+    if autocast_dtype == torch.bfloat16 and not run.is_cuda:
+        note_cpu_bf16(run)
+    return measure(run, step)
+
+
 def run_steps(run: Run, step: Callable[[], None], count: int, phase: str) -> None:
     last_print = time.perf_counter()
     for done in range(1, count + 1):
@@ -235,7 +314,10 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
     """Run a few steps under torch.profiler; write the gzip trace and the operator table."""
     clear_run_dir(run.out_dir)
     sort_key = "self_cuda_time_total" if run.is_cuda else "self_cpu_time_total"
-    write_trace = tensorboard_trace_handler(str(run.out_dir), worker_name=f"{run.demo}_{run.variant}",
+    # The trace is written outside the run folder and moved in only once it is final: a running
+    # TensorBoard reads a run folder once, and must not catch it before the rewrite below.
+    staging = Path(tempfile.mkdtemp(prefix=f"{run.demo}_{run.variant}_"))
+    write_trace = tensorboard_trace_handler(str(staging), worker_name=f"{run.demo}_{run.variant}",
                                             use_gzip=True)
 
     def on_trace_ready(prof: profile) -> None:
@@ -245,17 +327,27 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
     total = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
-    with profile(activities=activities,
-                 schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
-                                   active=PROFILE_ACTIVE_STEPS, repeat=1),
-                 on_trace_ready=on_trace_ready, record_shapes=True, profile_memory=True) as prof:
-        for _ in range(total):
-            step()
-            prof.step()
-    written = trace.trace_files(run.out_dir)
-    if len(written) != 1:
-        raise RuntimeError(f"expected one trace in {run.out_dir}, found {len(written)}")
-    return written[0]
+    try:
+        with profile(activities=activities,
+                     schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
+                                       active=PROFILE_ACTIVE_STEPS, repeat=1),
+                     on_trace_ready=on_trace_ready, record_shapes=True, profile_memory=True) as prof:
+            for _ in range(total):
+                step()
+                prof.step()
+        written = trace.trace_files(staging)
+        if len(written) != 1:
+            raise RuntimeError(f"expected one trace from the profiler, found {len(written)}")
+        # TensorBoard's profiler plugin reads older category names: rename the few events it would
+        # misread (README.md, "Viewing traces"); times, names and every event stay as written.
+        tensorboard_compat.rewrite_file(written[0])
+        final_path = run.out_dir / written[0].name
+        partial = final_path.with_name(final_path.name + ".partial")  # a name TensorBoard ignores
+        shutil.copyfile(written[0], partial)
+        os.replace(partial, final_path)  # atomic within the run folder's filesystem
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final_path
 
 
 def measure(run: Run, step: Callable[[], None]) -> dict:
@@ -263,7 +355,14 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
     log(run, f"{run.device.type} ({run.device_name}), torch {torch.__version__}, "
              f"preset {run.preset_name}, batch {run.batch_size}")
     log(run, f"warm-up: {run.preset.warmup_steps} steps")
-    run_steps(run, step, run.preset.warmup_steps, "warm-up")
+    warmup_started = time.perf_counter()
+    step()  # the first step pays the one-time costs: torch.compile, cuDNN autotuning, allocations
+    device_sync(run)
+    first_step_s = time.perf_counter() - warmup_started
+    run_steps(run, step, run.preset.warmup_steps - 1, "warm-up")
+    device_sync(run)
+    warmup_s = time.perf_counter() - warmup_started
+    log(run, f"warm-up took {warmup_s:.2f} s, the first step {first_step_s:.2f} s of it")
     if run.is_cuda:
         torch.cuda.reset_peak_memory_stats(run.device)
     log(run, f"timed: {run.steps} steps without the profiler")
@@ -290,8 +389,10 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
         "step_ms_p50": float(np.percentile(step_ms, 50)),
         "step_ms_p95": float(np.percentile(step_ms, 95)),
         "timed_wall_s": wall_s,
+        "first_step_s": first_step_s, "warmup_s": warmup_s,
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,
+        "extra": run.extra, "notes": run.notes,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -305,4 +406,6 @@ def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
              f"p95 {summary['step_ms_p95']:.1f} ms | peak memory "
              f"{'n/a' if peak is None else f'{peak:.0f} MB'}")
     log(run, f"config: {json.dumps(summary['config'])}")
+    for note in summary["notes"]:
+        log(run, f"note: {note}")
     log(run, f"trace: {trace_path}")

@@ -2,11 +2,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from common import tensorboard_compat, trace
+from tests.synthetic_traces import gpu_training_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_RUN_TIMEOUT_S = 300  # a smoke run takes seconds; this only stops a hung run
@@ -29,4 +39,165 @@ def workers_smoke_out(tmp_path_factory) -> Path:
     for variant in ("bad", "fixed"):
         result = run_demo("dataloader_workers", variant, "--smoke", "--device", "cpu", "--out", str(out))
         assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+# --- TensorBoard's PyTorch Profiler plugin, end to end (test_tensorboard.py, test_browser.py) ---
+# One logdir holds every run the plugin tests read, written before TensorBoard starts: the plugin
+# reads a run folder once, when it first sees a trace in it.
+RUN_DEMOS_TIMEOUT_S = 900  # every pair in smoke mode takes seconds each; this only stops a hang
+TENSORBOARD_LOAD_TIMEOUT_S = 240  # the plugin parses each trace in a process of its own
+TENSORBOARD_POLL_S = 1.0
+# The smoke sizes leave the bad variant's DataLoader share under the plugin's 5 % advice line (3 %
+# measured on 2 cores), so the data-loading checks read the CPU preset, with one timed step.
+WORKERS_CPU_PRESET_ARGS = ("--device", "cpu", "--steps", "1")
+
+
+@pytest.fixture(scope="session")
+def profiler_logdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tensorboard_logdir")
+
+
+@dataclass
+class SmokeRuns:
+    out: Path
+    ran: set[str]  # "<demo>/<variant>" for each script run_demos.sh said it ran
+
+
+@pytest.fixture(scope="session")
+def demos_smoke(profiler_logdir) -> SmokeRuns:
+    """./scripts/run_demos.sh --smoke --device cpu: every demo there is, as a user runs it."""
+    out = profiler_logdir / "smoke"
+    result = subprocess.run([str(ROOT / "scripts" / "run_demos.sh"), "--smoke", "--device", "cpu",
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=RUN_DEMOS_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Its progress lines read "=== [3/12] <demo>/<variant> (41 s elapsed)".
+    ran = {line.split()[2] for line in result.stdout.splitlines() if line.startswith("=== [")}
+    return SmokeRuns(out=out, ran=ran)
+
+
+@pytest.fixture(scope="session")
+def demos_smoke_out(demos_smoke) -> Path:
+    """The output root of the smoke run_demos.sh above (traces, summaries, the report)."""
+    return demos_smoke.out
+
+
+@pytest.fixture(scope="session")
+def workers_cpu_out(profiler_logdir) -> Path:
+    """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS)."""
+    out = profiler_logdir / "cpu_preset"
+    for variant in ("bad", "fixed"):
+        result = run_demo("dataloader_workers", variant, *WORKERS_CPU_PRESET_ARGS,
+                          "--out", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def synthetic_gpu_out(profiler_logdir) -> Path:
+    """tests/synthetic_traces.py's GPU trace twice: as torch.profiler writes it, and rewritten."""
+    out = profiler_logdir / "synthetic_gpu"
+    as_written = out / "as_written" / "gpu_worker.1.pt.trace.json"
+    as_written.parent.mkdir(parents=True)
+    as_written.write_text(json.dumps(gpu_training_trace()))
+    tensorboard_compat.rewrite_file(as_written, out / "rewritten" / as_written.name)
+    return out
+
+
+@dataclass
+class TensorBoard:
+    port: int
+    runs: list[str]  # what the plugin's /runs listed once it had loaded every run
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def plugin_json(self, route: str, **query: str):
+        """GET /data/plugin/pytorch_profiler/<route>?<query>, parsed."""
+        url = f"{self.url}/data/plugin/pytorch_profiler/{route}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return json.loads(response.read())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_folders(logdir: Path) -> set[str]:
+    """Run names as the plugin gives them: every folder holding a trace, relative to the logdir."""
+    return {path.parent.relative_to(logdir).as_posix() for path in logdir.rglob("*")
+            if path.name.endswith(trace.TRACE_SUFFIXES)}
+
+
+@pytest.fixture(scope="session")
+def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, synthetic_gpu_out):
+    """A real `tensorboard` on a free port over profiler_logdir, once the plugin has loaded every
+    run in it."""
+    expected = run_folders(profiler_logdir)
+    port = free_port()
+    log_path = profiler_logdir.with_name(f"{profiler_logdir.name}_tensorboard.log")
+    with open(log_path, "w") as log:  # a file, not a pipe: a full pipe would stall TensorBoard
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(profiler_logdir),
+             "--port", str(port), "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)  # its own process group: the plugin's loaders go with it
+    server = TensorBoard(port=port, runs=[])
+    try:
+        deadline = time.monotonic() + TENSORBOARD_LOAD_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"tensorboard exited: {log_path.read_text()[-3000:]}")
+            try:
+                answer = server.plugin_json("runs")
+                server.runs = answer["runs"]
+                if expected <= set(server.runs) and not answer["loading"]:
+                    break
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                pytest.fail(f"after {TENSORBOARD_LOAD_TIMEOUT_S} s the plugin lists "
+                            f"{sorted(server.runs)}, not all of {sorted(expected)}")
+            time.sleep(TENSORBOARD_POLL_S)
+        yield server
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+# --- Bad-vs-fixed pairs built from synthetic GPU traces (test_compare.py, test_report.py) ---
+
+@pytest.fixture(scope="session")
+def synthetic_pairs_out(tmp_path_factory) -> Path:
+    """Two pairs as the demo scripts would leave them on a GPU, from tests/kineto_builder.py:
+    small_batch (bad: short kernels, GPU 37 % busy; fixed: healthy) and activation_checkpointing
+    (bad: peak memory at 90 % of the GPU; fixed: 30 %)."""
+    from tests.kineto_builder import (H100_MEMORY_BYTES, MIB, KinetoTrace, simulate_training,
+                                      write_demo_run)
+
+    def gpu_trace(**options) -> KinetoTrace:
+        built = KinetoTrace()
+        built.gpu()
+        return simulate_training(built, **options)
+
+    out = tmp_path_factory.mktemp("synthetic_pairs")
+    write_demo_run(out, "small_batch", "bad",
+                   gpu_trace(kernel_us=15, launch_gap_us=40, kernels_per_step=100),
+                   samples_per_s=1000.0, peak_memory_mb=2000.0, batch_size=8)
+    write_demo_run(out, "small_batch", "fixed", gpu_trace(), samples_per_s=5300.0,
+                   peak_memory_mb=8000.0, batch_size=256)
+    for variant, share, samples_per_s in (("bad", 0.9, 400.0), ("fixed", 0.3, 320.0)):
+        peak = int(share * H100_MEMORY_BYTES)
+        write_demo_run(out, "activation_checkpointing", variant,
+                       gpu_trace(peak_memory_bytes=peak), samples_per_s=samples_per_s,
+                       peak_memory_mb=peak / MIB)
     return out
