@@ -5,11 +5,12 @@
 DEMO_DIR holds bad/ and fixed/, each with the summary.json and the trace a demo script wrote
 (traces/<demo>/). Throughput, step time and peak memory come from the summary (the unprofiled
 timed phase; peak memory as the harness measured it); the GPU and host numbers and the verdicts
-come from the trace through common.analyze. Imports no torch.
+come from the trace the summary names (trace_file), through common.analyze. Both runs must share
+their conditions (device, device_name, preset, torch_version): a pair that does not is an error,
+not a comparison. Imports no torch.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -24,9 +25,20 @@ class CompareError(ValueError):
     """A demo directory that cannot be compared; the message says which file and why."""
 
 
-def load_variant(demo_dir: Path, variant: str, keep_detail: bool = False) -> dict:
-    """{"summary": summary.json, "analysis": analyze_trace of the trace that summary names};
-    keep_detail adds "detail", the analyze.Analysis the report draws from (not JSON)."""
+# What both runs of a pair must share for their numbers to be compared: (summary.json field, how
+# the message says it, what to rerun with). A pair measured on two devices, machines, presets or
+# torch versions would credit the fix with the difference (the harness's flags: --device picks the
+# device and, with --smoke, the preset).
+SAME_CONDITIONS = (
+    ("device", "ran on", "rerun both with the same --device"),
+    ("device_name", "ran on", "rerun both on the same machine"),
+    ("preset", "used preset", "rerun both with the same --device and --smoke"),
+    ("torch_version", "ran torch", "rerun both with the same torch"),
+)
+
+
+def read_summary(demo_dir: Path, variant: str) -> dict:
+    """DEMO_DIR/<variant>/summary.json, checked to be a demo summary."""
     run_dir = Path(demo_dir) / variant
     if not run_dir.is_dir():
         raise CompareError(f"{run_dir}: no such directory (run demos/<demo>/{variant}.py first)")
@@ -39,14 +51,40 @@ def load_variant(demo_dir: Path, variant: str, keep_detail: bool = False) -> dic
         raise CompareError(f"{summary_path}: not JSON ({error})") from None
     if not isinstance(summary, dict) or "samples_per_s" not in summary:
         raise CompareError(f"{summary_path}: not a demo summary (no samples_per_s)")
-    named = run_dir / str(summary.get("trace_file", ""))
-    trace_path = named if summary.get("trace_file") and named.is_file() else run_dir
+    return summary
+
+
+def check_same_conditions(demo_dir: Path, bad: dict, fixed: dict) -> None:
+    """CompareError naming the first condition (SAME_CONDITIONS) the two summaries differ in."""
+    for key, verb, remedy in SAME_CONDITIONS:
+        if bad.get(key) != fixed.get(key):
+            raise CompareError(f"{demo_dir}: {key} differs: bad {verb} {bad.get(key)}, fixed "
+                               f"{verb} {fixed.get(key)}; {remedy}")
+
+
+def analyze_variant(demo_dir: Path, variant: str, summary: dict,
+                    keep_detail: bool = False) -> dict:
+    """{"summary": summary, "analysis": analyze_trace of the trace the summary names (or, with no
+    trace_file in it, the run's newest trace)}; keep_detail adds "detail", the analyze.Analysis
+    the report draws from (not JSON)."""
+    run_dir = Path(demo_dir) / variant
+    trace_path = run_dir
+    if summary.get("trace_file"):
+        trace_path = run_dir / str(summary["trace_file"])
+        if not trace_path.is_file():  # never another trace in its place: it may be a stale one
+            raise CompareError(f"{run_dir / SUMMARY_FILE} names {summary['trace_file']}, which is "
+                               f"missing from {run_dir}")
     try:
         analysis = analyze.analyze(trace_path)
     except trace.TraceError as error:
         raise CompareError(str(error)) from None
     loaded = {"summary": summary, "analysis": analysis.result}
     return {**loaded, "detail": analysis} if keep_detail else loaded
+
+
+def load_variant(demo_dir: Path, variant: str, keep_detail: bool = False) -> dict:
+    """One variant alone: its summary and the analysis of its trace (see analyze_variant)."""
+    return analyze_variant(demo_dir, variant, read_summary(demo_dir, variant), keep_detail)
 
 
 def ratio(new, old) -> float | None:
@@ -56,7 +94,10 @@ def ratio(new, old) -> float | None:
 def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
     """Both variants, and fixed ÷ bad for throughput and peak memory."""
     demo_dir = Path(demo_dir)
-    runs = {variant: load_variant(demo_dir, variant, keep_detail) for variant in VARIANTS}
+    summaries = {variant: read_summary(demo_dir, variant) for variant in VARIANTS}
+    check_same_conditions(demo_dir, *(summaries[v] for v in VARIANTS))  # before the slow part
+    runs = {variant: analyze_variant(demo_dir, variant, summaries[variant], keep_detail)
+            for variant in VARIANTS}
     bad, fixed = (runs[v]["summary"] for v in VARIANTS)
     return {"demo": bad.get("demo", demo_dir.name), **runs,
             "speedup": ratio(fixed["samples_per_s"], bad["samples_per_s"]),
@@ -81,6 +122,7 @@ ROWS = [
     ("launches/step", gpu_value("launches_per_step"), ".0f"),
     ("syncs/step", gpu_value("syncs_per_step"), ".1f"),
     ("tensor cores % of kernel time", gpu_value("tensor_core_pct"), ".0f"),
+    ("tensor cores % of GEMM time", gpu_value("tensor_core_gemm_pct"), ".0f"),
 ]
 
 
@@ -142,17 +184,14 @@ def format_text(comparison: dict) -> str:
     return "\n".join(lines)
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit code 2, as for bad input
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(
+    parser = trace.OneLineArgumentParser(
         prog="python -m common.compare",
         description="A demo's bad and fixed runs side by side: throughput, step time, GPU "
                     "utilization and idle, kernels, syncs, peak memory and the verdicts.",
-        epilog="Exit code 2 when DEMO_DIR/bad or DEMO_DIR/fixed lacks a summary or a trace.")
+        epilog="Exit code 2 when DEMO_DIR/bad or DEMO_DIR/fixed lacks a summary or a trace, or "
+               "when the two ran on a different device, machine, preset or torch version.")
     parser.add_argument("demo_dir", metavar="DEMO_DIR", type=Path,
                         help="e.g. traces/dataloader_workers (holds bad/ and fixed/)")
     parser.add_argument("--json", action="store_true",

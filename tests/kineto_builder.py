@@ -11,20 +11,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Category names by role, per vocabulary: Kineto in 2021, Kineto now, and what our harness writes
-# for the TensorBoard plugin (common/tensorboard_compat.py: the DataLoader span -> cpu_op, runtime
-# and driver calls -> Runtime, the GPU copy of ProfilerStep#N -> gpu_profiler_step).
+# for the TensorBoard plugin (common/tensorboard_compat.py rewrites the current names: only the
+# DataLoader spans user_annotation -> cpu_op, runtime and driver calls -> Runtime, the GPU copies
+# of ProfilerStep#N gpu_user_annotation -> gpu_profiler_step, fwdbwd flows -> forward_backward
+# (the builder writes none); ProfilerStep#N and our regions such as "forward" stay
+# user_annotation, operators cpu_op, Python functions python_function).
 VOCABULARIES = {
     "2021": dict(step="Operator", annotation="Operator", dataloader="Operator", op="Operator",
-                 runtime="Runtime", driver="Runtime", kernel="Kernel", memcpy="Memcpy",
-                 memset="Memset", gpu_annotation=None, flow=None),
+                 python="python_function", runtime="Runtime", driver="Runtime", kernel="Kernel",
+                 memcpy="Memcpy", memset="Memset", gpu_annotation=None, flow=None),
     "current": dict(step="user_annotation", annotation="user_annotation",
-                    dataloader="user_annotation", op="cpu_op", runtime="cuda_runtime",
-                    driver="cuda_driver", kernel="kernel", memcpy="gpu_memcpy",
-                    memset="gpu_memset", gpu_annotation="gpu_user_annotation", flow="ac2g"),
+                    dataloader="user_annotation", op="cpu_op", python="python_function",
+                    runtime="cuda_runtime", driver="cuda_driver", kernel="kernel",
+                    memcpy="gpu_memcpy", memset="gpu_memset", gpu_annotation="gpu_user_annotation",
+                    flow="ac2g"),
     "tensorboard": dict(step="user_annotation", annotation="user_annotation", dataloader="cpu_op",
-                        op="cpu_op", runtime="Runtime", driver="Runtime", kernel="kernel",
-                        memcpy="gpu_memcpy", memset="gpu_memset",
-                        gpu_annotation="gpu_profiler_step", flow="ac2g"),
+                        op="cpu_op", python="python_function", runtime="Runtime",
+                        driver="Runtime", kernel="kernel", memcpy="gpu_memcpy",
+                        memset="gpu_memset", gpu_annotation="gpu_profiler_step", flow="ac2g"),
 }
 MIB = 1024 * 1024
 H100_NAME = "NVIDIA H100 80GB HBM3"
@@ -34,7 +38,22 @@ H100_MEMORY_BYTES = 85_520_809_984  # totalGlobalMem Kineto reports for an H100 
 BF16_GEMM = ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage4_"
              "warpsize2x2x1_tensor16x8x16_kernel")
 FP32_GEMM = "ampere_sgemm_128x64_tn"
-NVJET_GEMM = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT"
+# cuBLAS nvjet kernels (Hopper), their types after "nvjet_": t bf16, h fp16, s FP32 (names as
+# they appear in public H100 profiles).
+NVJET_GEMM = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT"  # bf16
+NVJET_FP16_GEMM = "nvjet_hsh_256x128_64x4_2x1_v_bz_TNN"
+NVJET_FP32_GEMM = "nvjet_sss_128x128_64x4_1x2_h_bz_TNT"  # plain FP32: CUDA cores
+NVJET_TF32_GEMM = "nvjet_sss_tf32_128x256_TNT"  # FP32 tensors, TF32 tensor-core math
+# FlashAttention 2 as PyTorch builds it (scaled_dot_product_attention), bf16 forward and fp16
+# backward: the types are C++ names, not tags.
+FLASH_BF16_FWD = ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, "
+                  "128, 128, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_"
+                  "traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true, false, false, "
+                  "true, true, false>(pytorch_flash::Flash_fwd_params)")
+FLASH_FP16_BWD = ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::"
+                  "Flash_bwd_kernel_traits<64, 128, 128, 8, 2, 4, 2, false, false, cutlass::half_t,"
+                  " pytorch_flash::Flash_kernel_traits<64, 128, 128, 8, cutlass::half_t> >, true, "
+                  "false, false, false, false, false>(pytorch_flash::Flash_bwd_params)")
 ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add"
                "<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, "
                "at::detail::Array<char*, 3>)")
@@ -76,6 +95,10 @@ class KinetoTrace:
 
     def op(self, name: str, ts: float, dur: float) -> None:
         self.span("op", name, ts, dur)
+
+    def python(self, name: str, ts: float, dur: float) -> None:
+        """A Python function span (with_stack=True), e.g. "nn.Module: Linear_0"."""
+        self.span("python", name, ts, dur)
 
     def dataloader(self, ts: float, dur: float) -> None:
         self.span("dataloader", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts,

@@ -11,8 +11,10 @@ import pytest
 
 from common import analyze, trace
 from tests.conftest import ROOT, read_summary
-from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FP32_GEMM, H100_MEMORY_BYTES, H100_NAME,
-                                  MIB, NVJET_GEMM, KinetoTrace, simulate_training)
+from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FLASH_FP16_BWD,
+                                  FP32_GEMM, H100_MEMORY_BYTES, H100_NAME, MIB, NVJET_FP16_GEMM,
+                                  NVJET_FP32_GEMM, NVJET_GEMM, NVJET_TF32_GEMM, KinetoTrace,
+                                  simulate_training)
 
 T0 = 1_000_000.0  # µs; a realistic absolute clock keeps float precision honest
 
@@ -54,6 +56,7 @@ EXPECTED_GPU = {
     "syncs_per_step": 1 / 2,
     "h2d_pct": 100 * 10 / WINDOW_US,
     "tensor_core_pct": 100 * (30 + 40.5) / 95.5,  # the bf16 xmma GEMM and the nvjet kernel
+    "tensor_core_gemm_pct": 100 * (30 + 40.5) / (30 + 20 + 40.5),  # of the three GEMMs' time
     "gemm_pct": 100 * 90.5 / 95.5,
     "non_tensor_core_gemm_pct": 100 * 20 / 95.5,  # the sgemm
     "kernel_ms_per_step": 95.5 / 2 / 1000,
@@ -86,15 +89,40 @@ def test_idle_uses_the_float_timestamps(tmp_path):
     assert abs(result["gpu"]["idle_pct"] - rounded_idle) > 0.05
 
 
-def test_step_breakdown_follows_the_plugin_priority(tmp_path):
+@pytest.mark.parametrize("vocabulary", ["current", "2021", "tensorboard"])
+def test_step_breakdown_follows_the_plugin_priority(tmp_path, vocabulary):
     """Step 1 (5 .. 100): DataLoader 5-9, CPU 9-10, runtime 10-15, CPU 15-20, kernel 20-55 (the
-    runtime calls under it count as kernel), other 55-60, memcpy 60-70, other 70-100."""
-    analysis = analyze.analyze(hand_trace("current").write(tmp_path / "t.pt.trace.json"))
+    runtime calls under it count as kernel), other 55-60, memcpy 60-70, other 70-100. Whatever
+    the DataLoader's and the step's category (an operator one in 2021 and after the rewrite),
+    they are not CPU Exec."""
+    analysis = analyze.analyze(hand_trace(vocabulary).write(tmp_path / "t.pt.trace.json"))
     step_1 = dict(zip(analyze.BREAKDOWN_ROLES, analysis.breakdown_ms[0] * 1000))
     expected = {"kernel": 35, "memcpy": 10, "memset": 0, "runtime": 5, "dataloader": 4,
                 "cpu_exec": 6, "other": 35}
     assert step_1 == pytest.approx(expected)
     assert analysis.breakdown_ms.sum(axis=1) * 1000 == pytest.approx([95, 130.5])
+
+
+@pytest.mark.parametrize("vocabulary, cpu_exec_us", [
+    ("current", 20),  # the aten::mm operator only
+    ("tensorboard", 20),  # the rewrite leaves regions and Python functions as they are
+    ("2021", 80),  # "forward" was an Operator span then: the plugin counts it as CPU Exec
+])
+def test_cpu_exec_is_operator_spans_as_the_plugin_counts_it(tmp_path, vocabulary, cpu_exec_us):
+    """One 100 µs CPU step: a "forward" region 10 .. 90 holding a Python function 15 .. 45 that
+    holds the operator aten::mm 20 .. 40. The plugin counts operator spans as CPU Exec, not
+    user_annotation regions nor python_function spans: the rest of the step is Other (Python
+    between operators)."""
+    t = KinetoTrace(vocabulary=vocabulary)
+    t.step(1, T0, 100)
+    t.annotation("forward", T0 + 10, 80)
+    t.python("nn.Module: Linear_0", T0 + 15, 30)
+    t.op("aten::mm", T0 + 20, 20)
+    analysis = analyze.analyze(t.write(tmp_path / "t.pt.trace.json"))
+    breakdown = analysis.result["step_breakdown_ms"]
+    assert breakdown["cpu_exec"] * 1000 == pytest.approx(cpu_exec_us)
+    assert breakdown["other"] * 1000 == pytest.approx(100 - cpu_exec_us)
+    assert analysis.regions["forward"].size == 1  # the region is still found, for the timeline
 
 
 def test_gzip_and_plain_json_give_the_same_result(tmp_path):
@@ -187,8 +215,60 @@ def test_tensor_core_names_across_generations():
                  "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma",
                  "void cudnn::cnn::implicit_convolve_sgemm<float, float, 128, 6, 7, 3, 3, 5>",
                  ELEMENTWISE, "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::"
-                 "BFloat16, at::native::func_wrapper_t<float, at::native::sum_functor>>>"):
+                 "BFloat16, at::native::func_wrapper_t<float, at::native::sum_functor>>>",
+                 # cuBLAS's small-matrix kernel: a GEMM with a bf16 C++ type, on the CUDA cores
+                 "void gemmSN_TN_kernel<float, 128, 16, 2, 4, 4, 4, true, cublasGemvTensorStrided"
+                 "Batched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>>"):
         assert not analyze.uses_tensor_cores(name), name
+
+
+def test_nvjet_kernels_by_their_type_letters():
+    """cuBLAS nvjet names carry their types after "nvjet_": 16- and 8-bit types and TF32 run on
+    tensor cores, plain FP32 ("sss") does not."""
+    for name in (NVJET_GEMM, NVJET_FP16_GEMM, NVJET_TF32_GEMM,
+                 "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT",  # fp8 inputs
+                 "nvjet_sm90_hss_320x128", "NVJET_TST_64X8_64X16_4X1_V_BZ_TNT"):
+        assert analyze.uses_tensor_cores(name), name
+        assert analyze.is_gemm(name.lower()), name
+    for name in (NVJET_FP32_GEMM, "nvjet_sss_64x8_64x16_4x1_v_bz_splitK_TNT", "nvjet_sm90_sss"):
+        assert not analyze.uses_tensor_cores(name), name
+        assert analyze.is_gemm(name.lower()), name  # an FP32 GEMM: what fp32_matmul looks for
+
+
+def test_attention_kernels_with_a_16_bit_type_use_tensor_cores():
+    for name in (FLASH_BF16_FWD, FLASH_FP16_BWD, "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+                 "fmha_cutlassB_f16_aligned_128x64_k64_sm80",
+                 "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90"
+                 "<flash::CollectiveMainloopFwdSm90<2, cute::tuple<int, int, int>, 128, "
+                 "cutlass::bfloat16_t, float, cutlass::arch::Sm90>>>>(...)"):
+        assert analyze.uses_tensor_cores(name), name
+        assert not analyze.is_gemm(name.lower()), name  # attention is not in the GEMM share
+    for name in ("fmha_cutlassF_f32_aligned_64x64_rf_sm80",  # FP32 attention: not counted
+                 "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)",  # no attention
+                 "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_"
+                 "kernel_traits<64, 128, 128, 8, 2, 4, 2, false, false, cutlass::half_t>>(...)"):
+        assert not analyze.uses_tensor_cores(name), name
+
+
+@pytest.mark.parametrize("kernel_name, expected_pct, fp32_verdict", [
+    (NVJET_GEMM, 100.0, False), (NVJET_TF32_GEMM, 100.0, False), (NVJET_FP32_GEMM, 0.0, True),
+])
+def test_tensor_core_share_of_gemm_time_on_h100_names(tmp_path, kernel_name, expected_pct,
+                                                      fp32_verdict):
+    """An H100 training loop of one GEMM kind: FP32 nvjet GEMMs are the mixed_precision demo's
+    bad case (fp32_matmul fires), TF32 or bf16 ones its fixes."""
+    built = gpu_trace(kernel_name=kernel_name)
+    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
+    assert result["gpu"]["tensor_core_gemm_pct"] == pytest.approx(expected_pct)
+    assert ("fp32_matmul" in [f["id"] for f in result["findings"]]) == fp32_verdict
+
+
+def test_tensor_core_share_of_gemm_time_is_null_without_gemms(tmp_path):
+    result = analyze.analyze_trace(gpu_trace(kernel_name=FLASH_BF16_FWD).write(
+        tmp_path / "t.pt.trace.json"))
+    assert result["gpu"]["gemm_pct"] == 0.0 and result["gpu"]["tensor_core_gemm_pct"] is None
+    assert result["gpu"]["tensor_core_pct"] == pytest.approx(100.0)  # all flash attention
+    assert "of GEMM time" in analyze.format_human(result)  # printed as n/a, not an error
 
 
 # --- Verdicts: each fires on its case (and only it) and stays silent on a healthy control. ------
@@ -378,3 +458,19 @@ def test_smoke_traces_of_the_workers_pair(workers_smoke_out):
         assert sum(result["step_breakdown_ms"].values()) == pytest.approx(
             result["step_ms"]["mean"])
         assert not {f["id"] for f in result["findings"]} - {"dataloader"}  # no GPU verdicts
+
+
+def test_dataloader_verdict_on_the_workers_pair_at_cpu_preset_sizes(workers_cpu_out):
+    """Issue 4: on a CPU, the dataloader verdict fires on the workers pair's bad trace and not on
+    its fixed one (the CPU preset's sizes; the smoke sizes are too small for the 20 % rule)."""
+    found = {}
+    for variant in ("bad", "fixed"):
+        result = analyze.analyze_trace(workers_cpu_out / "dataloader_workers" / variant)
+        assert result["device"] == "cpu"
+        found[variant] = {f["id"]: f for f in result["findings"]}
+        # The verdict follows the share the analyzer measured, on each side of the threshold.
+        fired = "dataloader" in found[variant]
+        assert fired == (result["dataloader_pct"] >= analyze.DATALOADER_SHARE_MIN_PCT), variant
+    assert "dataloader" in found["bad"]
+    assert found["bad"]["dataloader"]["demo"] == "dataloader_workers"
+    assert "dataloader" not in found["fixed"]

@@ -71,3 +71,67 @@ def test_broken_pairs_are_one_line_and_exit_code_2(synthetic_pairs_out, tmp_path
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("compare: ") and problem in captured.err
+
+
+def edit_summary(run_dir, **changes) -> None:
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("field, fixed_value, remedy", [
+    ("device", "cpu", "--device"),  # the bad run says cuda
+    ("device_name", "NVIDIA A100-SXM4-40GB", "same machine"),
+    ("preset", "smoke", "--smoke"),
+    ("torch_version", "2.7.1", "same torch"),
+])
+def test_runs_under_different_conditions_are_not_compared(synthetic_pairs_out, tmp_path, capsys,
+                                                          field, fixed_value, remedy):
+    demo_dir = tmp_path / "small_batch"
+    shutil.copytree(synthetic_pairs_out / "small_batch", demo_dir)
+    bad_value = json.loads((demo_dir / "bad" / "summary.json").read_text())[field]
+    assert bad_value != fixed_value
+    edit_summary(demo_dir / "fixed", **{field: fixed_value})
+    assert compare.main([str(demo_dir)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    message = captured.err
+    assert message.startswith("compare: ") and f"{field} differs" in message
+    # Both values, bad's first, and what to rerun with.
+    assert str(bad_value) in message and str(fixed_value) in message
+    assert message.index(str(bad_value)) < message.index(str(fixed_value))
+    assert "rerun both" in message and remedy in message
+    if field == "device":
+        assert "bad ran on cuda, fixed ran on cpu" in message
+    with pytest.raises(compare.CompareError):
+        compare.compare(demo_dir)
+
+
+def test_conditions_both_runs_lack_are_no_difference(synthetic_pairs_out, tmp_path, capsys):
+    """A summary without torch_version in either run (an older harness) still compares; the
+    batch size may differ (it is the small_batch pair's lesson)."""
+    demo_dir = tmp_path / "small_batch"
+    shutil.copytree(synthetic_pairs_out / "small_batch", demo_dir)
+    for variant in ("bad", "fixed"):
+        path = demo_dir / variant / "summary.json"
+        summary = json.loads(path.read_text())
+        del summary["torch_version"]
+        path.write_text(json.dumps(summary))
+    assert compare.main([str(demo_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["bad"]["summary"]["batch_size"] != result["fixed"]["summary"]["batch_size"]
+
+
+def test_a_missing_named_trace_is_an_error_not_another_trace(synthetic_pairs_out, tmp_path,
+                                                             capsys):
+    """The summary names its trace; with that file gone, an older trace left in the folder must
+    not be analysed in its place."""
+    demo_dir = tmp_path / "small_batch"
+    shutil.copytree(synthetic_pairs_out / "small_batch", demo_dir)
+    run_dir = demo_dir / "fixed"
+    named = json.loads((run_dir / "summary.json").read_text())["trace_file"]
+    (run_dir / named).rename(run_dir / "older_run.1.pt.trace.json.gz")
+    assert compare.main([str(demo_dir)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("compare: ")
+    assert f"names {named}, which is missing from {run_dir}" in captured.err
