@@ -14,7 +14,6 @@ from earlier runs, never shown as current; report_files/ is emptied of old plots
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import os
@@ -29,7 +28,7 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import analyze, compare  # noqa: E402
+from common import analyze, compare, trace  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_MD = "REPORT.md"
@@ -353,13 +352,9 @@ def write_report(out_root: Path, demos: list[str] | None = None, failed: set[str
     return markdown, page
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(
+    parser = trace.OneLineArgumentParser(
         prog="python -m common.report",
         description="Write REPORT.md and a self-contained report.html comparing bad and fixed "
                     "for the pairs under OUT (what ./scripts/run_demos.sh does after its runs).")

@@ -1,6 +1,7 @@
 """Reading Kineto traces (Chrome-trace JSON, plain or gzip). Imports no torch."""
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import re
@@ -172,3 +173,11 @@ def peak_allocated_mb(events: list[dict], device_type: int) -> float | None:
             allocated = args["Total Allocated"]
             peak = allocated if peak is None else max(peak, allocated)
     return None if peak is None else peak / BYTES_PER_MB
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error style: bad flags give one line and exit code 2 (plain
+    argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")

@@ -203,13 +203,9 @@ def measure(command: list[str], repeats: int) -> dict:
             "all_seconds": [round(r["seconds"], 2) for r in runs]}
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="scripts/bench_analyze.py", description=__doc__,
+    parser = trace.OneLineArgumentParser(prog="scripts/bench_analyze.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("seed", nargs="?", type=Path, help="a small real trace (default: the "
                         "newest under traces/, a GPU reference trace first)")
