@@ -17,6 +17,7 @@ import platform
 import random
 import shutil
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -146,6 +147,9 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     if batch_size is not None:
         preset = replace(preset, batch_size=batch_size)
     torch.set_num_threads(presets.main_process_threads(device.type))
+    # Let cuDNN time its convolution algorithms on the first steps (the warm-up) and keep the
+    # fastest for these fixed shapes; the same in bad and fixed.
+    torch.backends.cudnn.benchmark = device.type == "cuda"
     if device.type == "cpu":
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL_CPU)
     random.seed(flags.seed)
@@ -154,6 +158,25 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     return Run(demo=demo, variant=variant, device=device, device_name=device_name(device),
                preset_name=name, preset=preset, steps=flags.steps or preset.steps,
                seed=flags.seed, out_dir=Path(flags.out) / demo / variant)
+
+
+def require_compile_toolchain(run: Run) -> None:
+    """torch.compile writes C++ (Inductor on a CPU) or Triton code (on a GPU) and builds it with
+    the system's compiler against Python's headers. Without them it fails deep inside Inductor
+    with a long traceback; say what is missing in one line instead (exit code 2)."""
+    compilers = ("c++", "g++", "clang++") if run.device.type == "cpu" else ("cc", "gcc", "clang")
+    chosen = os.environ.get("CXX" if run.device.type == "cpu" else "CC")  # used alone when set
+    missing = []
+    if chosen and not shutil.which(chosen):
+        missing.append(f"the compiler named by $CXX/$CC ({chosen})")
+    elif not chosen and not any(shutil.which(c) for c in compilers):
+        missing.append(f"a compiler ({', '.join(compilers)})")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        missing.append("Python's headers (Python.h)")
+    if missing:
+        print(f"error: torch.compile needs {' and '.join(missing)}; on Debian or Ubuntu: "
+              f"apt-get install build-essential python3-dev", file=sys.stderr)
+        sys.exit(2)
 
 
 def log(run: Run, message: str) -> None:
@@ -352,6 +375,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
 
 def measure(run: Run, step: Callable[[], None]) -> dict:
     """Warm up, time, profile, summarise. `step` runs one training (or inference) step."""
+    clear_run_dir(run.out_dir)  # a run that fails half-way must not leave the last one's results
     log(run, f"{run.device.type} ({run.device_name}), torch {torch.__version__}, "
              f"preset {run.preset_name}, batch {run.batch_size}")
     log(run, f"warm-up: {run.preset.warmup_steps} steps")

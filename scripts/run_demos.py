@@ -43,6 +43,7 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown demo {', '.join(map(repr, unknown))}; choose from: {', '.join(demos)}")
     flags.demos = flags.demos or demos
+    flags.out = flags.out.resolve()  # relative to where the user stands, not the repository root
     return flags
 
 

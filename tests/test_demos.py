@@ -48,14 +48,14 @@ def test_summary_has_the_fields_and_the_config_that_differs(workers_smoke_out):
 
 
 def test_rerun_into_the_same_out_leaves_one_trace(tmp_path):
-    for _ in range(2):
-        result = run_demo("dataloader_workers", "bad", "--smoke", "--device", "cpu", "--steps", "2",
+    for steps in ("2", "3"):  # different step counts tell which run wrote what is left
+        result = run_demo("dataloader_workers", "bad", "--smoke", "--device", "cpu", "--steps", steps,
                           "--out", str(tmp_path))
         assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "dataloader_workers" / "bad"
     assert len(trace.trace_files(run_dir)) == 1
     summary = read_summary(tmp_path, "dataloader_workers", "bad")
-    assert summary["steps"] == 2 and summary["trace_file"] == trace.trace_files(run_dir)[0].name
+    assert summary["steps"] == 3 and summary["trace_file"] == trace.trace_files(run_dir)[0].name
 
 
 def test_help_describes_the_demo_and_the_flags():

@@ -70,3 +70,19 @@ def test_clear_run_dir_removes_only_what_a_run_writes(tmp_path):
         (tmp_path / name).write_text("x")
     harness.clear_run_dir(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]
+
+
+def test_missing_compile_toolchain_is_one_line_exit_2(monkeypatch, capsys):
+    run = harness.setup("launch_overhead", "fixed", ["--device", "cpu", "--smoke"])
+    harness.require_compile_toolchain(run)  # this machine (and CI) has g++ and Python.h
+    monkeypatch.setenv("CXX", "no-such-compiler-zzz")  # Inductor would use it and nothing else
+    with pytest.raises(SystemExit) as exit_info:
+        harness.require_compile_toolchain(run)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "no-such-compiler-zzz" in error
+    monkeypatch.delenv("CXX")
+    monkeypatch.setattr(harness.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit):
+        harness.require_compile_toolchain(run)
+    assert "a compiler (c++, g++, clang++)" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from common import data, harness, models
 def main() -> None:
     run = harness.setup(demo="launch_overhead", variant="fixed")
     model, optimizer = models.residual_mlp(run)
+    harness.require_compile_toolchain(run)  # compiling builds generated code: needs a compiler
     # Fuse the small ops into a few kernels; on CUDA, replay each pass as one CUDA graph launch.
     mode = "reduce-overhead" if run.is_cuda else "default"  # CUDA graphs exist only on CUDA
     model = torch.compile(model, mode=mode)
