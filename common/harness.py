@@ -41,6 +41,7 @@ DEFAULT_OUT = REPO_ROOT / "traces"
 PROFILE_WAIT_STEPS = 1
 PROFILE_WARMUP_STEPS = 1
 PROFILE_ACTIVE_STEPS = 3
+PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines in a long phase
 KEY_AVERAGES_ROWS = 25  # rows of the operator table in key_averages.txt
 # Kineto's log levels run VERBOSE 0 .. ERROR 4, USDT 5. On a machine with no GPU the CUDA build of
@@ -80,8 +81,7 @@ class Run:
     @property
     def total_steps(self) -> int:
         """Every step the run takes: warm-up, timed and profiled."""
-        return (self.preset.warmup_steps + self.steps + PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS
-                + PROFILE_ACTIVE_STEPS)
+        return self.preset.warmup_steps + self.steps + PROFILED_STEPS
 
     @property
     def is_cuda(self) -> bool:
@@ -123,16 +123,25 @@ def pick_device(requested: str, parser: argparse.ArgumentParser) -> torch.device
     return torch.device(requested)
 
 
+def cpuinfo_value(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line starting with one of `keys` (None: no such line,
+    or no Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(keys):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:  # platform.processor() is empty on most Linux systems; /proc/cpuinfo names the CPU
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({presets.usable_cpu_count()} cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({presets.usable_cpu_count()} cores)"
+    # platform.processor() is empty on most Linux systems; /proc/cpuinfo names the CPU
+    model = cpuinfo_value("model name") or platform.processor() or platform.machine()
+    return f"{model} ({presets.usable_cpu_count()} cores)"
 
 
 def setup(demo: str, variant: str, argv: list[str] | None = None, *,
@@ -201,41 +210,51 @@ def describe_loader(loader: torch.utils.data.DataLoader) -> dict:
             "prefetch_factor": loader.prefetch_factor}
 
 
-def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          loader: torch.utils.data.DataLoader, *, non_blocking: bool = False,
-          loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
-    """Train on batches from `loader`, measure and profile it. Returns the summary."""
-    batches = forever(loader)
+def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable,
+                  autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
+    """One training step in the four regions every trace shows: data, forward, backward,
+    optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast."""
     model.train()
+
+    def precision():
+        if autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(run.device.type, dtype=autocast_dtype)
 
     def step() -> None:
         with record_function("data"):
-            inputs, targets = next(batches)
-            inputs = inputs.to(run.device, non_blocking=non_blocking)
-            targets = targets.to(run.device, non_blocking=non_blocking)
-        with record_function("forward"):
+            inputs, targets = next_batch()
+        with record_function("forward"), precision():
             loss = loss_fn(model(inputs), targets)
-        with record_function("backward"):
+        with record_function("backward"):  # outside autocast: backward follows the forward's dtypes
             loss.backward()
         with record_function("optimizer"):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
+    return step
+
+
+def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          loader: torch.utils.data.DataLoader, *, non_blocking: bool = False,
+          loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
+    """Train on batches from `loader`, measure and profile it. Returns the summary."""
+    batches = forever(loader)
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = next(batches)
+        return (inputs.to(run.device, non_blocking=non_blocking),
+                targets.to(run.device, non_blocking=non_blocking))
+
     run.config.update(describe_loader(loader), non_blocking=non_blocking)
-    return measure(run, step)
+    return measure(run, training_step(run, model, optimizer, next_batch, loss_fn))
 
 
 def cpu_native_bf16_flags() -> list[str]:
     """The flags in CPU_NATIVE_BF16_FLAGS that /proc/cpuinfo lists (empty: none, or no Linux)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        if line.startswith(("flags", "Features")):  # x86 names it flags, Arm Features
-            present = set(line.split(":", 1)[1].split())
-            return [flag for flag in CPU_NATIVE_BF16_FLAGS if flag in present]
-    return []
+    present = set((cpuinfo_value("flags", "Features") or "").split())  # x86: flags, Arm: Features
+    return [flag for flag in CPU_NATIVE_BF16_FLAGS if flag in present]
 
 
 def note_cpu_bf16(run: Run) -> None:
@@ -261,31 +280,14 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
     measurement holds the model's step and nothing of data loading. With `autocast_dtype`, the
     forward pass and the loss run under torch.autocast in that dtype. Returns the summary."""
     cycle = itertools.cycle(batches)
-    model.train()
-
-    def precision():
-        if autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(run.device.type, dtype=autocast_dtype)
-
-    def step() -> None:
-        with record_function("data"):
-            inputs, targets = next(cycle)
-        with record_function("forward"), precision():
-            loss = loss_fn(model(inputs), targets)
-        with record_function("backward"):  # outside autocast: backward follows the forward's dtypes
-            loss.backward()
-        with record_function("optimizer"):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
     dtype_name = None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch.")
     run.config.update(data="staged on the device", staged_batches=len(batches),
                       autocast_dtype=dtype_name, tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
                       tf32_cudnn=torch.backends.cudnn.allow_tf32)
     if autocast_dtype == torch.bfloat16 and not run.is_cuda:
         note_cpu_bf16(run)
-    return measure(run, step)
+    return measure(run, training_step(run, model, optimizer, lambda: next(cycle), loss_fn,
+                                      autocast_dtype))
 
 
 def run_steps(run: Run, step: Callable[[], None], count: int, phase: str) -> None:
@@ -334,8 +336,8 @@ def clear_run_dir(out_dir: Path) -> None:
 
 
 def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
-    """Run a few steps under torch.profiler; write the gzip trace and the operator table."""
-    clear_run_dir(run.out_dir)
+    """Run a few steps under torch.profiler; write the gzip trace and the operator table into
+    run.out_dir (which measure() has emptied)."""
     sort_key = "self_cuda_time_total" if run.is_cuda else "self_cpu_time_total"
     # The trace is written outside the run folder and moved in only once it is final: a running
     # TensorBoard reads a run folder once, and must not catch it before the rewrite below.
@@ -349,13 +351,12 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
         (run.out_dir / KEY_AVERAGES_FILE).write_text(table + "\n")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
-    total = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
     try:
         with profile(activities=activities,
                      schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
                                        active=PROFILE_ACTIVE_STEPS, repeat=1),
                      on_trace_ready=on_trace_ready, record_shapes=True, profile_memory=True) as prof:
-            for _ in range(total):
+            for _ in range(PROFILED_STEPS):
                 step()
                 prof.step()
         written = trace.trace_files(staging)
@@ -363,11 +364,9 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
             raise RuntimeError(f"expected one trace from the profiler, found {len(written)}")
         # TensorBoard's profiler plugin reads older category names: rename the few events it would
         # misread (README.md, "Viewing traces"); times, names and every event stay as written.
-        tensorboard_compat.rewrite_file(written[0])
+        # The rewritten trace lands in the run folder atomically, under its final name.
         final_path = run.out_dir / written[0].name
-        partial = final_path.with_name(final_path.name + ".partial")  # a name TensorBoard ignores
-        shutil.copyfile(written[0], partial)
-        os.replace(partial, final_path)  # atomic within the run folder's filesystem
+        tensorboard_compat.rewrite_file(written[0], final_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final_path
@@ -391,8 +390,7 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
         torch.cuda.reset_peak_memory_stats(run.device)
     log(run, f"timed: {run.steps} steps without the profiler")
     wall_s, step_ms = timed_steps(run, step)
-    log(run, f"profiling: {PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS} steps "
-             f"({PROFILE_ACTIVE_STEPS} recorded)")
+    log(run, f"profiling: {PROFILED_STEPS} steps ({PROFILE_ACTIVE_STEPS} recorded)")
     trace_path = profiled_steps(run, step)
     if run.is_cuda:
         peak_mb = torch.cuda.max_memory_allocated(run.device) / trace.BYTES_PER_MB
