@@ -328,21 +328,30 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
     return "\n".join(parts) + "\n"
 
 
-def write_report(out_root: Path, demos: list[str] | None = None, failed: set[str] = frozenset(),
-                 since: datetime | None = None) -> tuple[Path, Path]:
-    """Write OUT/REPORT.md and OUT/report.html for `demos` (default: every pair folder with both
-    summaries). `failed`: pairs whose run failed now (shown as failed, no numbers). `since`: when
-    the run started; a summary older than that is stale and not shown."""
-    out_root = Path(out_root)
-    if demos is None:
-        demos = leftover_pairs(out_root, [])
-    figures_dir = out_root / FIGURES_DIR
+def build_sections(out_root: Path, demos: list[str], failed: set[str] = frozenset(),
+                   since: datetime | None = None) -> list[Section]:
+    """One section per demo: its comparison (each trace analysed once) and plots. `failed`: pairs
+    whose run failed now (shown as failed, no numbers). `since`: when the run started; a summary
+    older than that is stale and not shown."""
+    figures_dir = Path(out_root) / FIGURES_DIR
     if figures_dir.is_dir():  # plots of an earlier run must not outlive it
         for old in figures_dir.glob("*.png"):
             old.unlink()
+    return [build_section(Path(out_root), demo, figures_dir, demo in failed, since)
+            for demo in demos]
+
+
+def write_report(out_root: Path, demos: list[str] | None = None, failed: set[str] = frozenset(),
+                 since: datetime | None = None,
+                 sections: list[Section] | None = None) -> tuple[Path, Path]:
+    """Write OUT/REPORT.md and OUT/report.html for `demos` (default: every pair folder with both
+    summaries), from `sections` when the caller built them already (build_sections)."""
+    out_root = Path(out_root)
+    if demos is None:
+        demos = leftover_pairs(out_root, [])
+    if sections is None:
+        sections = build_sections(out_root, demos, failed, since)
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    sections = [build_section(out_root, demo, figures_dir, demo in failed, since)
-                for demo in demos]
     leftovers = leftover_pairs(out_root, list(demos))
     out_root.mkdir(parents=True, exist_ok=True)
     markdown = out_root / REPORT_MD

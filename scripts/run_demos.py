@@ -19,7 +19,7 @@ from common import compare, report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
-VARIANTS = ("bad", "fixed")
+VARIANTS = compare.VARIANTS
 
 
 def available_demos() -> list[str]:
@@ -66,18 +66,19 @@ def main(argv: list[str] | None = None) -> int:
         if not run_variant(demo, variant, flags):
             failed.append(f"{demo}/{variant}")
     failed_demos = {name.split("/")[0] for name in failed}
+    # The report's sections hold each pair's comparison: print those, so no trace is read twice.
+    sections = report.build_sections(flags.out, flags.demos, failed=failed_demos,
+                                     since=run_started)
     print("\n=== comparison")
-    for demo in flags.demos:
-        if demo in failed_demos:
-            print(f"\n{demo}: no comparison (a run failed)")
-            continue
-        try:
-            print("\n" + compare.format_text(compare.compare(flags.out / demo)))
-        except compare.CompareError as error:
-            print(f"\n{demo}: no comparison ({error})")
-            failed.append(f"{demo} (comparison)")
-    markdown, page = report.write_report(flags.out, flags.demos, failed=failed_demos,
-                                         since=run_started)
+    for section in sections:
+        if section.status == "ok":
+            print("\n" + compare.format_text(section.comparison))
+        elif section.demo in failed_demos:
+            print(f"\n{section.demo}: no comparison (a run failed)")
+        else:
+            print(f"\n{section.demo}: no comparison ({section.reason})")
+            failed.append(f"{section.demo} (comparison)")
+    markdown, page = report.write_report(flags.out, flags.demos, sections=sections)
     print(f"\nreport: {markdown} and {page} (opens offline)")
     print(f"traces and summaries under {flags.out} ({time.perf_counter() - started:.0f} s); "
           f"open them with ./scripts/tensorboard.sh or tensorboard --logdir {flags.out}")
