@@ -62,11 +62,6 @@ SKIPPED_CATEGORY_PREFIX = "gpu_"
 # DataLoader and region names but not counted as work.
 CPU_OP_CATEGORIES = {"cpu_op", "operator", "python"}
 
-STEP_PREFIX = "ProfilerStep#"
-# The plugin's DataLoader rule: enumerate(DataLoader)#<iterator>.__next__, and DataPipes.
-DATALOADER_PREFIX = "enumerate(DataLoader)#"
-DATALOADER_SUFFIX = ".__next__"
-DATAPIPE_PREFIX = "enumerate(DataPipe)#"
 # The harness's record_function regions, drawn on the report's CPU timeline.
 REGION_NAMES = ("data", "forward", "backward", "optimizer")
 DATALOADER_REGION = "DataLoader"
@@ -258,11 +253,6 @@ def category_kind(category) -> str:
     return "skip" if name.startswith(SKIPPED_CATEGORY_PREFIX) else "cpu_other"
 
 
-def is_dataloader_name(name: str) -> bool:
-    return ((name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX))
-            or name.startswith(DATAPIPE_PREFIX))
-
-
 # map(itemgetter) runs the per-event loop in C: about a third faster than a comprehension.
 TS, DUR, NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 
@@ -291,9 +281,9 @@ ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION = 0, 1, 2, 3  # what a CPU s
 
 
 def name_role(name: str) -> int:
-    if name.startswith(STEP_PREFIX):
+    if name.startswith(trace.STEP_PREFIX):
         return ROLE_STEP
-    if is_dataloader_name(name):
+    if trace.is_dataloader_span(name):
         return ROLE_DATALOADER
     return ROLE_REGION if name in REGION_NAMES else ROLE_OTHER
 

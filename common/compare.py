@@ -18,7 +18,6 @@ from pathlib import Path
 from common import analyze, trace
 
 VARIANTS = ("bad", "fixed")
-SUMMARY_FILE = "summary.json"
 
 
 class CompareError(ValueError):
@@ -42,7 +41,7 @@ def read_summary(demo_dir: Path, variant: str) -> dict:
     run_dir = Path(demo_dir) / variant
     if not run_dir.is_dir():
         raise CompareError(f"{run_dir}: no such directory (run demos/<demo>/{variant}.py first)")
-    summary_path = run_dir / SUMMARY_FILE
+    summary_path = run_dir / trace.SUMMARY_FILE
     try:
         summary = json.loads(summary_path.read_text())
     except OSError:
@@ -72,8 +71,8 @@ def analyze_variant(demo_dir: Path, variant: str, summary: dict,
     if summary.get("trace_file"):
         trace_path = run_dir / str(summary["trace_file"])
         if not trace_path.is_file():  # never another trace in its place: it may be a stale one
-            raise CompareError(f"{run_dir / SUMMARY_FILE} names {summary['trace_file']}, which is "
-                               f"missing from {run_dir}")
+            raise CompareError(f"{run_dir / trace.SUMMARY_FILE} names {summary['trace_file']}, "
+                               f"which is missing from {run_dir}")
     try:
         analysis = analyze.analyze(trace_path)
     except trace.TraceError as error:

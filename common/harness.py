@@ -51,7 +51,6 @@ KINETO_LOG_LEVEL_CPU = "5"
 # (Intel Sapphire Rapids and later), AVX-512 BF16 dot products (Cooper Lake, AMD Zen 4), and "bf16"
 # in an Arm CPU's Features line (Neoverse V1, Graviton3). Without any, BF16 is emulated in FP32.
 CPU_NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
-SUMMARY_FILE = "summary.json"
 KEY_AVERAGES_FILE = "key_averages.txt"
 
 
@@ -101,7 +100,7 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
         prog=f"demos/{demo}/{variant}.py", description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Writes <out>/{demo}/{variant}/: a TensorBoard trace (.pt.trace.json.gz), "
-               f"{SUMMARY_FILE} and {KEY_AVERAGES_FILE}.")
+               f"{trace.SUMMARY_FILE} and {KEY_AVERAGES_FILE}.")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="where to train; auto picks cuda when PyTorch sees a GPU (default: auto)")
     parser.add_argument("--smoke", action="store_true",
@@ -331,7 +330,7 @@ def clear_run_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in out_dir.iterdir():
         if path.is_file() and (path.name.endswith(trace.TRACE_SUFFIXES)
-                               or path.name in (SUMMARY_FILE, KEY_AVERAGES_FILE)):
+                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE)):
             path.unlink()
 
 
@@ -417,7 +416,7 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
         "extra": run.extra, "notes": run.notes,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (run.out_dir / trace.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(run, summary, trace_path)
     return summary
 

@@ -220,7 +220,7 @@ def leftover_pairs(out_root: Path, reported: list[str]) -> list[str]:
         return []
     return sorted(d.name for d in out_root.iterdir()
                   if d.is_dir() and d.name not in reported
-                  and all((d / v / compare.SUMMARY_FILE).is_file() for v in compare.VARIANTS))
+                  and all((d / v / trace.SUMMARY_FILE).is_file() for v in compare.VARIANTS))
 
 
 def demo_readme(demo: str, out_root: Path) -> str | None:

@@ -46,7 +46,6 @@ from common import trace
 REWRITE_MARK_KEY = "tensorboardCompat"  # top-level key; camelCase like Kineto's "schemaVersion"
 REWRITE_VERSION = 1  # bump when the mapping changes, so a reader can tell which one was applied
 GZIP_LEVEL = 9  # what torch's tensorboard_trace_handler writes (gzip's default): same file size
-GZIP_MAGIC = b"\x1f\x8b"
 
 # Renamed for every event of the category: current name -> the name the plugin reads.
 RENAMED_CATEGORIES = {
@@ -56,14 +55,6 @@ RENAMED_CATEGORIES = {
 }
 DATA_LOADING_CATEGORY = "cpu_op"  # for the DataLoader's user_annotation spans
 GPU_STEP_CATEGORY = "gpu_profiler_step"  # for GPU copies of ProfilerStep#N: unknown to the plugin
-STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step marker: record_function("ProfilerStep#N")
-
-
-def is_data_loading_span(name: str) -> bool:
-    """The record_function spans PyTorch's DataLoader and DataPipes open around fetching a batch:
-    the only spans the plugin counts as DataLoader time."""
-    return ((name.startswith("enumerate(DataLoader)#") and name.endswith(".__next__"))
-            or name.startswith("enumerate(DataPipe)#"))
 
 
 def new_category(event: dict) -> str | None:
@@ -74,9 +65,9 @@ def new_category(event: dict) -> str | None:
     name = event.get("name")
     if not isinstance(name, str):
         return None
-    if category == "user_annotation" and is_data_loading_span(name):
+    if category == "user_annotation" and trace.is_dataloader_span(name):
         return DATA_LOADING_CATEGORY
-    if category == "gpu_user_annotation" and name.startswith(STEP_PREFIX):
+    if category == "gpu_user_annotation" and name.startswith(trace.STEP_PREFIX):
         return GPU_STEP_CATEGORY
     return None
 
@@ -116,7 +107,7 @@ def read_trace(path: Path) -> tuple[dict, bool]:
     """The parsed trace and whether the file was gzip. Raises trace.TraceError (one line)."""
     try:
         with open(path, "rb") as file:
-            was_gzip = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+            was_gzip = file.read(len(trace.GZIP_MAGIC)) == trace.GZIP_MAGIC
     except OSError as error:
         raise trace.TraceError(f"{path}: cannot read ({error.strerror or error})") from None
     return trace.load_trace(path), was_gzip

@@ -16,6 +16,19 @@ except ImportError:  # pragma: no cover - orjson is a dependency; json keeps a b
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 BYTES_PER_MB = 1024 * 1024  # MiB, the unit torch.cuda.memory_summary uses
 CPU_DEVICE_TYPE = 0  # "Device Type" of a [memory] event: 0 is the CPU, 1 is CUDA (c10::DeviceType)
+GZIP_MAGIC = b"\x1f\x8b"  # a gzip file's first two bytes, whatever the file is called
+SUMMARY_FILE = "summary.json"  # what a demo run writes beside its trace (common/harness.py)
+STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step marker: record_function("ProfilerStep#N")
+# The spans PyTorch's DataLoader and DataPipes open around fetching a batch, as the TensorBoard
+# plugin recognises them: enumerate(DataLoader)#<iterator>.__next__, and enumerate(DataPipe)#...
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+DATALOADER_SUFFIX = ".__next__"
+DATAPIPE_PREFIX = "enumerate(DataPipe)#"
+
+
+def is_dataloader_span(name: str) -> bool:
+    return ((name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX))
+            or name.startswith(DATAPIPE_PREFIX))
 
 
 def trace_files(run_dir: Path) -> list[Path]:
@@ -49,7 +62,7 @@ def read_bytes(path: Path) -> bytes:
         raise TraceError(f"{path}: cannot read ({error.strerror or error})") from None
     if not raw.strip():
         raise TraceError(f"{path}: empty file")
-    if raw[:2] == b"\x1f\x8b":  # the gzip magic number, whatever the file is called
+    if raw.startswith(GZIP_MAGIC):
         try:
             raw = gzip.decompress(raw)
         except (EOFError, OSError, zlib.error) as error:

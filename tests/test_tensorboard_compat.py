@@ -94,7 +94,7 @@ def test_rewriting_a_file_twice_changes_it_once_and_keeps_its_compression(tmp_pa
     path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
     assert compat.rewrite_file(path) is True
     first = path.read_bytes()
-    assert (first[:2] == compat.GZIP_MAGIC) == name.endswith(".gz")
+    assert (first[:2] == trace.GZIP_MAGIC) == name.endswith(".gz")
     stamp = path.stat().st_mtime_ns
     assert compat.rewrite_file(path) is False  # idempotent: nothing left to rename
     assert path.read_bytes() == first and path.stat().st_mtime_ns == stamp  # not even rewritten
@@ -117,7 +117,7 @@ def test_the_harness_writes_traces_already_rewritten(workers_smoke_out):
         by_name = {}
         for event in events:
             by_name.setdefault(event.get("name"), set()).add(event.get("cat"))
-        loader = [name for name in by_name if compat.is_data_loading_span(str(name))]
+        loader = [name for name in by_name if trace.is_dataloader_span(str(name))]
         assert loader and all(by_name[name] == {"cpu_op"} for name in loader)
         assert by_name["forward"] == {"user_annotation"}  # our regions stay annotations
         assert {e.get("cat") for e in events if str(e.get("name")).startswith("ProfilerStep#")} \
