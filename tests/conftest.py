@@ -32,16 +32,6 @@ def read_summary(out: Path, demo: str, variant: str) -> dict:
     return json.loads((out / demo / variant / "summary.json").read_text())
 
 
-@pytest.fixture(scope="session")
-def workers_smoke_out(tmp_path_factory) -> Path:
-    """Both dataloader_workers scripts run once with --smoke --device cpu into one output root."""
-    out = tmp_path_factory.mktemp("traces")
-    for variant in ("bad", "fixed"):
-        result = run_demo("dataloader_workers", variant, "--smoke", "--device", "cpu", "--out", str(out))
-        assert result.returncode == 0, result.stdout + result.stderr
-    return out
-
-
 # --- TensorBoard's PyTorch Profiler plugin, end to end (test_tensorboard.py, test_browser.py) ---
 # One logdir holds every run the plugin tests read, written before TensorBoard starts: the plugin
 # reads a run folder once, when it first sees a trace in it.
@@ -80,6 +70,14 @@ def demos_smoke(profiler_logdir) -> SmokeRuns:
 @pytest.fixture(scope="session")
 def demos_smoke_out(demos_smoke) -> Path:
     """The output root of the smoke run_demos.sh above (traces, summaries, the report)."""
+    return demos_smoke.out
+
+
+@pytest.fixture(scope="session")
+def workers_smoke_out(demos_smoke) -> Path:
+    """The dataloader_workers pair with --smoke --device cpu: the smoke run_demos.sh above ran it,
+    so the tests that read it do not run the two scripts again."""
+    assert {"dataloader_workers/bad", "dataloader_workers/fixed"} <= demos_smoke.ran
     return demos_smoke.out
 
 
