@@ -4,12 +4,20 @@ cost a real input pipeline pays is paid here too."""
 from __future__ import annotations
 
 import io
+import math
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
+
+from common import harness
 
 # The usual ImageNet normalisation constants (torchvision's reference training scripts).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -29,10 +37,12 @@ def synthetic_photo(rng: np.random.Generator, side_px: int) -> Image.Image:
 
 class JpegImages(Dataset):
     """Labelled JPEG images, decoded and augmented in __getitem__ (ImageNet-style training
-    transforms: random resized crop, flip, colour jitter, to-tensor, normalise)."""
+    transforms: random resized crop, flip, colour jitter, then to-tensor and normalise).
+    uint8=True stops before the last two: images stay uint8 [3, crop, crop] (1 byte a value,
+    float32 takes 4), and normalize() gives a batch of them the same values later."""
 
     def __init__(self, length: int, source_px: int, crop_px: int, num_classes: int,
-                 distinct_images: int, seed: int):
+                 distinct_images: int, seed: int, uint8: bool = False):
         rng = np.random.default_rng(seed)
         self.jpegs = []
         for _ in range(distinct_images):
@@ -40,12 +50,14 @@ class JpegImages(Dataset):
             synthetic_photo(rng, source_px).save(buffer, format="JPEG", quality=JPEG_QUALITY)
             self.jpegs.append(buffer.getvalue())
         self.labels = torch.from_numpy(rng.integers(0, num_classes, size=length))
+        self.crop_px, self.uint8 = crop_px, uint8
+        to_tensor = ([transforms.PILToTensor()] if uint8 else
+                     [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
         self.augment = transforms.Compose([
             transforms.RandomResizedCrop(crop_px),
             transforms.RandomHorizontalFlip(),
             transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
-            transforms.ToTensor(),
-            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            *to_tensor,
         ])
 
     def __len__(self) -> int:
@@ -56,11 +68,154 @@ class JpegImages(Dataset):
         image = Image.open(io.BytesIO(jpeg)).convert("RGB")
         return self.augment(image), self.labels[index]
 
+    def sample_bytes(self) -> int:
+        """Bytes of one sample as a DataLoader batch holds it: the image and its int64 label."""
+        image_dtype = torch.uint8 if self.uint8 else torch.float32
+        return 3 * self.crop_px ** 2 * image_dtype.itemsize + self.labels.dtype.itemsize
 
-def augmented_images(run) -> JpegImages:
+
+def augmented_images(run, uint8: bool = False) -> JpegImages:
     """Exactly enough samples for one run (warm-up, timed and profiled steps), so no epoch
-    restarts in the middle of a measurement."""
-    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, **run.sizes)
+    restarts in the middle of a measurement. uint8: see JpegImages."""
+    run.config["batch_dtype"] = "uint8" if uint8 else "float32"
+    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, uint8=uint8,
+                      **run.sizes)
+
+
+def imagenet_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """IMAGENET_MEAN and IMAGENET_STD as float32 [1, 3, 1, 1] tensors on `device`: they broadcast
+    over a batch [batch, 3, H, W] as Normalize's [3, 1, 1] do over one image."""
+    return (torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1),
+            torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1))
+
+
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 images [batch, 3, H, W] -> float32 with the values ToTensor and Normalize give each
+    image of the float32 pipeline, by the same operations in the same order: / 255, - mean, / std.
+    Runs on the device the images are on."""
+    return images.float().div_(255).sub_(mean).div_(std)
+
+
+# --- Getting batches onto the device -------------------------------------------------------------
+# .to(device, non_blocking=True) on a pinned batch frees the CPU, but the copy still waits in the
+# *current* stream behind the kernels already queued there (the previous step), and the next step
+# waits behind the copy: nothing overlaps on the GPU. A second stream carries the copy (and the
+# normalising) of batch N+1 while the compute stream runs step N; timm's PrefetchLoader does this.
+
+
+def side_stream_batches(loader: DataLoader, device: torch.device
+                        ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, labels) of `loader` on the CUDA `device`, images normalised: each batch is copied
+    and normalised on a side stream while the compute stream runs the step on the one before."""
+    side = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(side):
+        mean, std = imagenet_stats(device)  # made, and only ever read, on the side stream
+    ready = None
+    for images, labels in loader:
+        with torch.cuda.stream(side):  # queued on the side stream: runs beside the step's kernels
+            images = normalize(images.to(device, non_blocking=True), mean, std)
+            labels = labels.to(device, non_blocking=True)
+        if ready is not None:
+            yield ready  # the caller queues its step on this one, beside the copy just queued
+        compute = torch.cuda.current_stream(device)
+        compute.wait_stream(side)  # the next step's kernels start only once its batch has landed
+        # Allocated from the side stream's memory pool, read on the compute stream: without this
+        # the allocator could hand the memory to a later copy while a step still reads it.
+        images.record_stream(compute)
+        labels.record_stream(compute)
+        ready = images, labels
+    if ready is not None:
+        yield ready
+
+
+@dataclass
+class DevicePrefetcher:
+    """Batches of a DataLoader of uint8 images (JpegImages(uint8=True)), delivered on `device` and
+    normalised. On a GPU the copy and the normalising of the next batch run on a side stream
+    during the current step (side_stream_batches); on a CPU there is nothing to overlap, so each
+    batch is only normalised, in the training process. Iterating it is one pass over the loader."""
+    loader: DataLoader
+    device: torch.device
+
+    # What harness.describe_loader() records: the wrapped DataLoader's own settings.
+    num_workers = property(lambda self: self.loader.num_workers)
+    pin_memory = property(lambda self: self.loader.pin_memory)
+    persistent_workers = property(lambda self: self.loader.persistent_workers)
+    prefetch_factor = property(lambda self: self.loader.prefetch_factor)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.device.type == "cuda":
+            return side_stream_batches(self.loader, self.device)
+        mean, std = imagenet_stats(self.device)
+        return ((normalize(images.to(self.device), mean, std), labels.to(self.device))
+                for images, labels in self.loader)
+
+
+def prefetch_to_device(loader: DataLoader, run) -> DevicePrefetcher:
+    """`loader`'s uint8 batches on run.device, normalised; see DevicePrefetcher."""
+    run.config["to_device"] = ("side CUDA stream, one batch ahead, normalised there" if run.is_cuda
+                               else "normalised in the training process (a CPU: no copy)")
+    return DevicePrefetcher(loader, run.device)
+
+
+# --- Shared memory for prefetched batches --------------------------------------------------------
+# DataLoader workers hand finished batches to the training process as shared-memory tensors, which
+# live in /dev/shm on Linux: up to num_workers x prefetch_factor batches wait there at once, and
+# the one the training process is taking in. When /dev/shm is full a worker dies of SIGBUS ("bus
+# error"); Docker gives a container 64 MB of it unless run with --shm-size.
+SHM_PATH = Path("/dev/shm")
+# Plan for at most this share of /dev/shm's free bytes (ours): other processes may share it (a
+# second run, NCCL), and the free space can shrink while the run goes on.
+SHM_USABLE_FRACTION = 0.8
+BATCHES_IN_HAND = 1  # the batch the training process is receiving, still in /dev/shm meanwhile
+BYTES_PER_MB = 1e6  # decimal, as the README's batch sizes (154 MB)
+BYTES_PER_GIB = 1024 ** 3  # what Docker's --shm-size=<n>g means
+
+
+def shm_free_bytes() -> int | None:
+    """Free bytes in SHM_PATH (None: no such file system here, e.g. macOS)."""
+    try:
+        return shutil.disk_usage(SHM_PATH).free
+    except OSError:
+        return None
+
+
+def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int) -> float:
+    """/dev/shm free bytes that num_workers x prefetch_factor batches (and the one in hand) need,
+    margin included."""
+    return (num_workers * prefetch_factor + BATCHES_IN_HAND) * batch_bytes / SHM_USABLE_FRACTION
+
+
+def shm_prefetch_factor(run, images: JpegImages, num_workers: int, wanted: int) -> int:
+    """`wanted`, or the largest prefetch_factor below it whose batches fit in /dev/shm: a lowered
+    value is printed and recorded in run.config. If even 1 does not fit: a one-line error naming
+    Docker's --shm-size, exit code 2 (better than a worker's bus error mid-run)."""
+    free = shm_free_bytes()
+    if free is None:
+        return wanted
+    batch_bytes = run.batch_size * images.sample_bytes()
+    fits = wanted
+    while fits >= 1 and shm_needed_bytes(batch_bytes, num_workers, fits) > free:
+        fits -= 1
+    if fits == wanted:
+        return wanted
+    free_mb, batch = free / BYTES_PER_MB, f"{batch_bytes / BYTES_PER_MB:.3g} MB"
+    workers = f"{num_workers} DataLoader worker{'s' if num_workers != 1 else ''}"
+    wanted_gib = math.ceil(shm_needed_bytes(batch_bytes, num_workers, wanted) / BYTES_PER_GIB)
+    shm_size = f"--shm-size={wanted_gib}g"
+    if fits < 1:
+        print(f"error: {SHM_PATH} has {free_mb:.0f} MB free, too little for {workers} to hand "
+              f"over even one {batch} batch each; give the container more shared memory: "
+              f"docker run {shm_size} ...", file=sys.stderr)
+        sys.exit(2)
+    harness.log(run, f"prefetch_factor {fits}, not {wanted}: {workers} x {wanted} batches of "
+                     f"{batch} do not fit in {SHM_PATH} ({free_mb:.0f} MB free); for {wanted}, "
+                     f"docker run {shm_size}")
+    run.config.update(prefetch_factor_wanted=wanted, shm_free_mb=round(free_mb))
+    return fits
 
 
 # Distinct batches staged on the device and taken in turn: two, so consecutive steps see different

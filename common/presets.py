@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -108,17 +109,67 @@ def preset_name(device_type: str, smoke: bool) -> str:
     return "smoke" if smoke else device_type
 
 
+# A container's CPU quota (docker run --cpus, a Kubernetes CPU limit) leaves the affinity mask and
+# os.cpu_count() at the host's count: a 4-CPU container on a 100-thread host would start ~100
+# workers that the quota then throttles. Where the quota is (module constants, so tests can point
+# them at fake files):
+# cgroup v2 (kernel docs, admin-guide/cgroup-v2 "cpu.max"): "$MAX $PERIOD" in microseconds, $MAX
+# "max" for no limit.
+CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+# cgroup v1 (kernel docs, scheduler/sched-bwc): cpu.cfs_quota_us and cpu.cfs_period_us in
+# microseconds, a quota of -1 for no limit.
+CGROUP_V1_CPU_DIR = Path("/sys/fs/cgroup/cpu")
+
+
+def read_words(*files: Path) -> list[str]:
+    """The whitespace-separated words of the files, in order ([] when one cannot be read)."""
+    try:
+        return [word for file in files for word in file.read_text().split()]
+    except OSError:
+        return []
+
+
+def cpus_from_quota(quota: str, period: str) -> int | None:
+    """ceil(quota / period), at least 1: a quota of 1.5 CPUs still runs two threads at once, each
+    throttled. None for no limit ("max" in v2, -1 in v1) or anything but a positive number."""
+    if not (quota.isdigit() and period.isdigit()) or int(quota) == 0 or int(period) == 0:
+        return None
+    return max(1, -(-int(quota) // int(period)))
+
+
+def cgroup_cpu_quota() -> int | None:
+    """Whole CPUs the container's CPU quota grants; None when no quota is set (or no cgroup files
+    are readable, as outside Linux). Both versions are read, as a host may mount either; the
+    smaller limit wins."""
+    v2 = read_words(CGROUP_V2_CPU_MAX)
+    v1 = read_words(CGROUP_V1_CPU_DIR / "cpu.cfs_quota_us", CGROUP_V1_CPU_DIR / "cpu.cfs_period_us")
+    limits = [cpus_from_quota(*words) for words in (v2, v1) if len(words) == 2]
+    return min((cpus for cpus in limits if cpus is not None), default=None)
+
+
 def usable_cpu_count() -> int:
-    """Cores this process may run on (respects taskset/cgroup affinity, unlike os.cpu_count)."""
+    """Cores this process may use: its affinity mask (taskset, a cpuset) capped by the container's
+    CPU quota. os.cpu_count() reads neither."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, cores if quota is None else min(cores, quota))
 
 
-# With a GPU the training process only enqueues kernels and copies: two threads are plenty
-# (torchrun gives each process one OpenMP thread by default), and the rest of the cores can
-# prepare data. On a CPU the training process does the math itself and gets half the cores.
+# With a GPU the training process only enqueues kernels and copies: it keeps two cores, one for its
+# Python thread (which launches the kernels) and one for the DataLoader's pin-memory thread, which
+# copies every batch into page-locked memory; torch.set_num_threads(2) lets its few CPU ops use
+# both (torchrun gives each process one OpenMP thread by default). The other cores prepare data.
+# On a CPU the training process does the math itself and gets half the cores.
 MAIN_PROCESS_THREADS_CUDA = 2
+# At most this many DataLoader workers (torchvision's ImageNet reference recipe,
+# references/classification/train.py, defaults to -j 16 workers per GPU process): each worker is a
+# process with its own copy of the dataset (~150 MiB here, see demos/dataloader_workers/README.md)
+# and its own prefetched batches in /dev/shm. A machine that needs more workers than this to feed
+# its GPU is better served by decoding on the GPU (see that README, "Cores").
+MAX_LOADER_WORKERS = 16
 
 
 def main_process_threads(device_type: str = "cpu") -> int:
@@ -130,5 +181,6 @@ def main_process_threads(device_type: str = "cpu") -> int:
 
 
 def loader_workers(device_type: str = "cpu") -> int:
-    """DataLoader worker processes for the fixed variants: the cores the main process leaves."""
-    return max(1, usable_cpu_count() - main_process_threads(device_type))
+    """DataLoader worker processes for the fixed variants: the cores the main process leaves,
+    at least 1 and at most MAX_LOADER_WORKERS."""
+    return min(MAX_LOADER_WORKERS, max(1, usable_cpu_count() - main_process_threads(device_type)))
