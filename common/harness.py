@@ -51,7 +51,18 @@ KINETO_LOG_LEVEL_CPU = "5"
 # (Intel Sapphire Rapids and later), AVX-512 BF16 dot products (Cooper Lake, AMD Zen 4), and "bf16"
 # in an Arm CPU's Features line (Neoverse V1, Graviton3). Without any, BF16 is emulated in FP32.
 CPU_NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+# Only AMX's tile units multiply BF16 faster than the FP32 units: AVX-512 BF16 dot products alone
+# measured 0.68x (BF16 slower) on this project's mixed_precision pair, AMX 1.8x.
+CPU_BF16_MATRIX_UNIT_FLAG = "amx_bf16"
+CPUINFO_PATH = Path("/proc/cpuinfo")
 KEY_AVERAGES_FILE = "key_averages.txt"
+# What each demo's lesson reads from its trace beyond times. record_shapes (operator input shapes
+# and dtypes) and profile_memory (every allocation) add CPU time to each operator, which makes a
+# launch-bound step look slower than it is, so each is on only where a demo needs it.
+RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision"})  # batch dims; BF16 input types
+# On a GPU the peak comes from torch.cuda.max_memory_allocated; the trace's memory events are the
+# lesson only where memory is. On a CPU every demo reads its peak from them.
+PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing"})
 
 
 @dataclass
@@ -68,6 +79,9 @@ class Run:
     config: dict = field(default_factory=dict)  # what differs between bad and fixed
     extra: dict = field(default_factory=dict)  # demo-specific facts, written to summary["extra"]
     notes: list[str] = field(default_factory=list)  # sentences for the reader: printed and saved
+    # Seconds the training step spent getting its batch (training_step adds to it); None for a
+    # demo that writes its own step.
+    data_wait_s: float | None = None
 
     @property
     def batch_size(self) -> int:
@@ -122,11 +136,17 @@ def pick_device(requested: str, parser: argparse.ArgumentParser) -> torch.device
     return torch.device(requested)
 
 
+def fail(message: str) -> None:
+    """Stop the run with one line on stderr and exit code 2: what went wrong and what to do."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def cpuinfo_value(*keys: str) -> str | None:
     """The value of the first /proc/cpuinfo line starting with one of `keys` (None: no such line,
     or no Linux)."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        lines = CPUINFO_PATH.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -182,9 +202,28 @@ def require_compile_toolchain(run: Run) -> None:
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
         missing.append("Python's headers (Python.h)")
     if missing:
-        print(f"error: torch.compile needs {' and '.join(missing)}; on Debian or Ubuntu: "
-              f"apt-get install build-essential python3-dev", file=sys.stderr)
-        sys.exit(2)
+        fail(f"torch.compile needs {' and '.join(missing)}; on Debian or Ubuntu: "
+             f"apt-get install build-essential python3-dev")
+
+
+def full_fp32_matmuls() -> None:
+    """FP32 matmuls and convolutions in full precision: TF32 (the middle rung) would run them on
+    tensor cores. torch >= 2.9 has fp32_precision settings and deprecates allow_tf32."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def tf32_in_force() -> dict[str, bool]:
+    """Whether FP32 matmuls and convolutions may use TF32, read from whichever API this torch has."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return {"tf32_matmul": torch.backends.cuda.matmul.fp32_precision == "tf32",
+                "tf32_cudnn": torch.backends.cudnn.conv.fp32_precision == "tf32"}
+    return {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
 
 
 def log(run: Run, message: str) -> None:
@@ -203,7 +242,7 @@ def forever(loader: Iterable) -> Iterator:
         yield from loader
 
 
-def describe_loader(loader: torch.utils.data.DataLoader) -> dict:
+def describe_loader(loader) -> dict:
     return {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers,
             "prefetch_factor": loader.prefetch_factor}
@@ -221,9 +260,13 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
             return nullcontext()
         return torch.autocast(run.device.type, dtype=autocast_dtype)
 
+    run.data_wait_s = 0.0
+
     def step() -> None:
         with record_function("data"):
+            fetch_started = time.perf_counter()
             inputs, targets = next_batch()
+            run.data_wait_s += time.perf_counter() - fetch_started
         with record_function("forward"), precision():
             loss = loss_fn(model(inputs), targets)
         with record_function("backward"):  # outside autocast: backward follows the forward's dtypes
@@ -236,17 +279,18 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          loader: torch.utils.data.DataLoader, *, non_blocking: bool = False,
-          loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
-    """Train on batches from `loader`, measure and profile it. Returns the summary."""
+          loader: Iterable, *, loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
+    """Train on batches from `loader` (a DataLoader, or a wrapper with its settings, such as
+    data.DevicePrefetcher), measure and profile it. Returns the summary."""
     batches = forever(loader)
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = next(batches)
-        return (inputs.to(run.device, non_blocking=non_blocking),
-                targets.to(run.device, non_blocking=non_blocking))
+        # A plain copy from pageable memory: the CPU waits for it, in the compute stream. A batch
+        # already on the device (a prefetcher put it there) is returned as it is.
+        return inputs.to(run.device), targets.to(run.device)
 
-    run.config.update(describe_loader(loader), non_blocking=non_blocking)
+    run.config.update(describe_loader(loader))
     return measure(run, training_step(run, model, optimizer, next_batch, loss_fn))
 
 
@@ -257,15 +301,20 @@ def cpu_native_bf16_flags() -> list[str]:
 
 
 def note_cpu_bf16(run: Run) -> None:
-    """Say what a BF16 result on this CPU means, so a CPU number is not mistaken for the lesson."""
+    """Say what a BF16 result on this CPU can and cannot show, before it is measured: the note
+    promises nothing the number may contradict (compare prints the measured ratio)."""
     flags = cpu_native_bf16_flags()
     run.extra["cpu_native_bf16"] = bool(flags)
     run.extra["cpu_native_bf16_flags"] = flags
-    if flags:
-        run.notes.append(f"this CPU has native BF16 ({', '.join(flags)}): oneDNN runs the BF16 "
-                         "matmuls in hardware, so the CPU number here is real BF16, not "
-                         "emulated; the lesson is the GPU's, where BF16 runs on tensor cores "
-                         "(see the README)")
+    lesson = "the lesson is the GPU's, where BF16 runs on tensor cores (see the README)"
+    if CPU_BF16_MATRIX_UNIT_FLAG in flags:
+        run.notes.append(f"this CPU has native BF16 ({', '.join(flags)}), with AMX tile units "
+                         f"that multiply BF16 matrices faster than FP32: a speed-up is possible "
+                         f"here; {lesson}")
+    elif flags:
+        run.notes.append(f"this CPU has native BF16 instructions ({', '.join(flags)}) but no AMX "
+                         f"tiles: BF16 matmuls may run no faster than FP32, or slower; only AMX "
+                         f"makes BF16 faster on a CPU; {lesson}")
     else:
         run.notes.append("no native BF16 on this CPU; the speed-up needs tensor cores "
                          "(BF16 is emulated here, so expect a slowdown on this CPU)")
@@ -281,47 +330,46 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
     cycle = itertools.cycle(batches)
     dtype_name = None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch.")
     run.config.update(data="staged on the device", staged_batches=len(batches),
-                      autocast_dtype=dtype_name, tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-                      tf32_cudnn=torch.backends.cudnn.allow_tf32)
+                      autocast_dtype=dtype_name, **tf32_in_force())
     if autocast_dtype == torch.bfloat16 and not run.is_cuda:
         note_cpu_bf16(run)
     return measure(run, training_step(run, model, optimizer, lambda: next(cycle), loss_fn,
                                       autocast_dtype))
 
 
-def run_steps(run: Run, step: Callable[[], None], count: int, phase: str) -> None:
-    last_print = time.perf_counter()
-    for done in range(1, count + 1):
-        step()
-        if time.perf_counter() - last_print >= PROGRESS_EVERY_S:
-            log(run, f"{phase}: step {done}/{count}")
-            last_print = time.perf_counter()
-
-
-def timed_steps(run: Run, step: Callable[[], None]) -> tuple[float, np.ndarray]:
-    """Run run.steps steps unprofiled. Returns (wall seconds, per-step milliseconds)."""
+def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
+                  after_step: Callable[[], None] = lambda: None) -> tuple[float, np.ndarray]:
+    """Run `count` steps, timing each from its start to its end: CUDA events on a GPU (its clock,
+    no sync per step), perf_counter on a CPU. `after_step` runs after each step, outside its time
+    (the profiler's step marker, which writes the trace after the last recorded step). Prints a
+    progress line every PROGRESS_EVERY_S. Returns (wall seconds, device synchronised at both ends;
+    per-step milliseconds)."""
     device_sync(run)
-    if run.is_cuda:  # CUDA events time each step on the GPU's clock without a sync per step
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(run.steps + 1)]
-        marks[0].record()
-    started = time.perf_counter()
-    ends = []
-    last_print = started
-    for done in range(1, run.steps + 1):
+    if run.is_cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    else:
+        starts, ends = np.zeros(count), np.zeros(count)
+    started = last_print = time.perf_counter()
+    for index in range(count):
+        if run.is_cuda:
+            starts[index].record()
+        else:
+            starts[index] = time.perf_counter()
         step()
         if run.is_cuda:
-            marks[done].record()
-        ends.append(time.perf_counter())
-        if ends[-1] - last_print >= PROGRESS_EVERY_S:
-            log(run, f"timed: step {done}/{run.steps}")
-            last_print = ends[-1]
+            ends[index].record()
+        else:
+            ends[index] = time.perf_counter()
+        after_step()
+        if time.perf_counter() - last_print >= PROGRESS_EVERY_S:
+            log(run, f"{phase}: step {index + 1}/{count}")
+            last_print = time.perf_counter()
     device_sync(run)
     wall_s = time.perf_counter() - started
     if run.is_cuda:
-        step_ms = np.array([a.elapsed_time(b) for a, b in zip(marks, marks[1:])])
-    else:
-        step_ms = np.diff(np.array([started] + ends)) * 1000.0
-    return wall_s, step_ms
+        return wall_s, np.array([a.elapsed_time(b) for a, b in zip(starts, ends)])
+    return wall_s, (ends - starts) * 1000.0
 
 
 def clear_run_dir(out_dir: Path) -> None:
@@ -334,9 +382,10 @@ def clear_run_dir(out_dir: Path) -> None:
             path.unlink()
 
 
-def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
+def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray]:
     """Run a few steps under torch.profiler; write the gzip trace and the operator table into
-    run.out_dir (which measure() has emptied)."""
+    run.out_dir (which measure() has emptied). Returns the trace's path and the recorded steps'
+    times in ms (the profiler's own cost included: compare them with the timed steps)."""
     sort_key = "self_cuda_time_total" if run.is_cuda else "self_cpu_time_total"
     # The trace is written outside the run folder and moved in only once it is final: a running
     # TensorBoard reads a run folder once, and must not catch it before the rewrite below.
@@ -350,14 +399,14 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
         (run.out_dir / KEY_AVERAGES_FILE).write_text(table + "\n")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
+    profile_memory = not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
     try:
         with profile(activities=activities,
                      schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
                                        active=PROFILE_ACTIVE_STEPS, repeat=1),
-                     on_trace_ready=on_trace_ready, record_shapes=True, profile_memory=True) as prof:
-            for _ in range(PROFILED_STEPS):
-                step()
-                prof.step()
+                     on_trace_ready=on_trace_ready, record_shapes=run.demo in RECORD_SHAPES_DEMOS,
+                     profile_memory=profile_memory) as prof:
+            _, step_ms = clocked_steps(run, step, PROFILED_STEPS, "profiling", after_step=prof.step)
         written = trace.trace_files(staging)
         if len(written) != 1:
             raise RuntimeError(f"expected one trace from the profiler, found {len(written)}")
@@ -368,37 +417,93 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> Path:
         tensorboard_compat.rewrite_file(written[0], final_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return final_path
+    run.config.update(profiler_record_shapes=run.demo in RECORD_SHAPES_DEMOS,
+                      profiler_profile_memory=profile_memory)
+    return final_path, step_ms[-PROFILE_ACTIVE_STEPS:]
+
+
+def require_gpu_kernels(run: Run, events: list[dict]) -> None:
+    """A CUDA run whose trace holds no kernel would be read as a CPU trace: every GPU number and
+    verdict gone, and the run 'fine'. Stop instead, with what to check."""
+    if run.is_cuda and not trace.has_gpu_kernels(events):
+        clear_run_dir(run.out_dir)
+        fail(f"the CUDA trace of {run.demo}/{run.variant} holds no GPU kernel events, so CUPTI "
+             f"recorded no GPU activity; check that no other profiler is attached (Nsight "
+             f"Systems/Compute, DCGM profiling), that the driver supports this torch's CUDA "
+             f"{torch.version.cuda}, and that no CUDA graph was captured before the profiler "
+             f"started; nothing was written")
+
+
+def dynamo_frames_compiled() -> int:
+    """Python frames torch.compile has compiled so far in this process (0 without torch.compile)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+    return counters["frames"]["ok"]
 
 
 def measure(run: Run, step: Callable[[], None]) -> dict:
-    """Warm up, time, profile, summarise. `step` runs one training (or inference) step."""
+    """Warm up, time, profile, summarise. `step` runs one training (or inference) step. On a GPU
+    that runs out of memory: one line saying so, exit code 2, nothing left in the run folder."""
     clear_run_dir(run.out_dir)  # a run that fails half-way must not leave the last one's results
+    try:
+        return measure_steps(run, step)
+    except torch.cuda.OutOfMemoryError:
+        clear_run_dir(run.out_dir)
+        total_gib = torch.cuda.get_device_properties(run.device).total_memory / 2**30
+        fail(f"out of GPU memory: {run.demo}/{run.variant} with the {run.preset_name} preset "
+             f"(batch {run.batch_size}, {json.dumps(run.sizes)}) needs more than the "
+             f"{total_gib:.0f} GiB of {run.device_name}; run it on a GPU with more memory, or "
+             f"with --smoke (tiny sizes) to check that it runs")
+
+
+def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     log(run, f"{run.device.type} ({run.device_name}), torch {torch.__version__}, "
              f"preset {run.preset_name}, batch {run.batch_size}")
+    if run.is_cuda:
+        # Profiling CUDA graphs (torch.compile mode="reduce-overhead") can crash or lose the
+        # replayed kernels unless the profiler was initialised before the first capture
+        # (PyTorch issue 75504, Kineto issue 1165): this is PyTorch's own workaround.
+        torch.profiler._utils._init_for_cuda_graphs()
     log(run, f"warm-up: {run.preset.warmup_steps} steps")
     warmup_started = time.perf_counter()
     step()  # the first step pays the one-time costs: torch.compile, cuDNN autotuning, allocations
     device_sync(run)
     first_step_s = time.perf_counter() - warmup_started
-    run_steps(run, step, run.preset.warmup_steps - 1, "warm-up")
-    device_sync(run)
+    clocked_steps(run, step, run.preset.warmup_steps - 1, "warm-up")
     warmup_s = time.perf_counter() - warmup_started
     log(run, f"warm-up took {warmup_s:.2f} s, the first step {first_step_s:.2f} s of it")
+    if run.config.get("torch_compile"):
+        compiled_in_warmup = dynamo_frames_compiled()
     if run.is_cuda:
         torch.cuda.reset_peak_memory_stats(run.device)
     log(run, f"timed: {run.steps} steps without the profiler")
-    wall_s, step_ms = timed_steps(run, step)
+    data_wait_before_s = run.data_wait_s
+    wall_s, step_ms = clocked_steps(run, step, run.steps, "timed")
+    data_wait_pct = (None if run.data_wait_s is None
+                     else 100.0 * (run.data_wait_s - data_wait_before_s) / wall_s)
     log(run, f"profiling: {PROFILED_STEPS} steps ({PROFILE_ACTIVE_STEPS} recorded)")
-    trace_path = profiled_steps(run, step)
+    trace_path, profiled_ms = profiled_steps(run, step)
+    if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed
+        run.extra["dynamo_frames_compiled"] = {
+            "warmup": compiled_in_warmup,
+            "timed_and_profiled": dynamo_frames_compiled() - compiled_in_warmup}
+    events = trace.load_trace(trace_path)["traceEvents"]
+    require_gpu_kernels(run, events)
     if run.is_cuda:
         peak_mb = torch.cuda.max_memory_allocated(run.device) / trace.BYTES_PER_MB
         peak_source = "torch.cuda.max_memory_allocated over the timed and profiled steps"
     else:
-        peak_mb = trace.peak_allocated_mb(trace.load_trace(trace_path)["traceEvents"],
-                                          trace.CPU_DEVICE_TYPE)
+        peak_mb = trace.peak_allocated_mb(events, trace.CPU_DEVICE_TYPE)
         peak_source = ("profiler [memory] events: CPU tensor memory allocated during the "
                        "recorded steps (what existed before the profiler started is not counted)")
+    step_ms_p50 = float(np.percentile(step_ms, 50))
+    profiled_step_ms_p50 = float(np.percentile(profiled_ms, 50))
+    overhead_ratio = profiled_step_ms_p50 / step_ms_p50
+    if overhead_ratio > trace.PROFILER_OVERHEAD_WARN_RATIO:
+        run.notes.append(f"the recorded steps ran {overhead_ratio:.2f}x the timed p50 (the "
+                         f"profiler's own cost per operator): the trace exaggerates CPU time; "
+                         f"for speed, trust samples/s")
     summary = {
         "demo": run.demo, "variant": run.variant, "device": run.device.type,
         "device_name": run.device_name, "torch_version": torch.__version__,
@@ -407,9 +512,12 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
         "main_process_threads": torch.get_num_threads(),
         "samples_per_s": run.steps * run.batch_size / wall_s,
         "step_ms_mean": float(step_ms.mean()),
-        "step_ms_p50": float(np.percentile(step_ms, 50)),
+        "step_ms_p50": step_ms_p50,
         "step_ms_p95": float(np.percentile(step_ms, 95)),
         "timed_wall_s": wall_s,
+        "data_wait_pct": data_wait_pct,
+        "profiled_step_ms_p50": profiled_step_ms_p50,
+        "profiler_overhead_ratio": overhead_ratio,
         "first_step_s": first_step_s, "warmup_s": warmup_s,
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,
@@ -423,9 +531,11 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
 
 def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
     peak = summary["peak_memory_mb"]
+    wait = summary["data_wait_pct"]
     log(run, f"{summary['samples_per_s']:.1f} samples/s | step p50 {summary['step_ms_p50']:.1f} ms, "
              f"p95 {summary['step_ms_p95']:.1f} ms | peak memory "
-             f"{'n/a' if peak is None else f'{peak:.0f} MB'}")
+             f"{'n/a' if peak is None else f'{peak:.0f} MB'}"
+             f"{'' if wait is None else f' | waiting for data {wait:.1f} % of the time'}")
     log(run, f"config: {json.dumps(summary['config'])}")
     for note in summary["notes"]:
         log(run, f"note: {note}")

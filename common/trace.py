@@ -24,11 +24,20 @@ STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step marker: record_function("
 DATALOADER_PREFIX = "enumerate(DataLoader)#"
 DATALOADER_SUFFIX = ".__next__"
 DATAPIPE_PREFIX = "enumerate(DataPipe)#"
+# summary.json's profiler_overhead_ratio (profiled step p50 / timed step p50) above which the
+# recorded steps no longer stand for the timed ones: record_shapes and profile_memory add CPU time
+# to every operator (1.1-2.3x measured on CPU-bound demos here); 1.2 leaves room for run-to-run noise.
+PROFILER_OVERHEAD_WARN_RATIO = 1.2
 
 
 def is_dataloader_span(name: str) -> bool:
     return ((name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX))
             or name.startswith(DATAPIPE_PREFIX))
+
+
+def has_gpu_kernels(events: list[dict]) -> bool:
+    """Whether a trace's events hold a GPU kernel (category "kernel"; "Kernel" in 2021 traces)."""
+    return any(str(event.get("cat", "")).lower() == "kernel" for event in events)
 
 
 def trace_files(run_dir: Path) -> list[Path]:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +30,22 @@ def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess
 
 def read_summary(out: Path, demo: str, variant: str) -> dict:
     return json.loads((out / demo / variant / "summary.json").read_text())
+
+
+def assert_timing_is_consistent(summary: dict) -> None:
+    """samples/s counts the batch the script trained over the timed steps' wall clock, and each
+    step's own clock (start to end) lies inside that wall clock: a step timed over another span,
+    or a throughput from another batch or step count, fails here."""
+    expected = summary["steps"] * summary["batch_size"] / summary["timed_wall_s"]
+    assert summary["samples_per_s"] == pytest.approx(expected, rel=1e-9)
+    steps_s = summary["steps"] * summary["step_ms_mean"] / 1000
+    assert 0 < steps_s <= summary["timed_wall_s"] * (1 + 1e-9)  # 1e-9: the mean's rounding
+    assert 0 < summary["step_ms_p50"] <= summary["step_ms_p95"]
+    # The profiled steps' time beside the timed ones, and the warning when they differ much.
+    assert summary["profiler_overhead_ratio"] == pytest.approx(
+        summary["profiled_step_ms_p50"] / summary["step_ms_p50"])
+    warned = any("the recorded steps ran" in note for note in summary["notes"])
+    assert warned == (summary["profiler_overhead_ratio"] > trace.PROFILER_OVERHEAD_WARN_RATIO)
 
 
 # --- TensorBoard's PyTorch Profiler plugin, end to end (test_tensorboard.py, test_browser.py) ---
@@ -121,10 +137,15 @@ class TensorBoard:
             return json.loads(response.read())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# TensorBoard binds the port itself (--port 0: the system picks a free one, so no other process
+# can take it between a check and the bind) and prints "TensorBoard 2.21.0 at http://HOST:PORT/".
+TENSORBOARD_URL_LINE = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
+
+
+def tensorboard_port(log_path: Path) -> int | None:
+    """The port TensorBoard says it listens on, once it has said it."""
+    found = TENSORBOARD_URL_LINE.search(log_path.read_text(errors="replace"))
+    return int(found.group(1)) if found else None
 
 
 def run_folders(logdir: Path) -> set[str]:
@@ -138,20 +159,22 @@ def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, synthetic_gpu_out
     """A real `tensorboard` on a free port over profiler_logdir, once the plugin has loaded every
     run in it."""
     expected = run_folders(profiler_logdir)
-    port = free_port()
     log_path = profiler_logdir.with_name(f"{profiler_logdir.name}_tensorboard.log")
     with open(log_path, "w") as log:  # a file, not a pipe: a full pipe would stall TensorBoard
         process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(profiler_logdir),
-             "--port", str(port), "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "tensorboard.main", "--logdir", str(profiler_logdir),
+             "--port", "0", "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)  # its own process group: the plugin's loaders go with it
-    server = TensorBoard(port=port, runs=[])
+    server = TensorBoard(port=0, runs=[])
     try:
         deadline = time.monotonic() + TENSORBOARD_LOAD_TIMEOUT_S
         while True:
             if process.poll() is not None:
                 pytest.fail(f"tensorboard exited: {log_path.read_text()[-3000:]}")
+            server.port = server.port or tensorboard_port(log_path) or 0
             try:
+                if not server.port:
+                    raise ConnectionError("TensorBoard has not said its port yet")
                 answer = server.plugin_json("runs")
                 server.runs = answer["runs"]
                 if expected <= set(server.runs) and not answer["loading"]:

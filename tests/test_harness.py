@@ -1,6 +1,8 @@
 """Harness units: flags, presets, device choice."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -72,10 +74,20 @@ def test_clear_run_dir_removes_only_what_a_run_writes(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]
 
 
-def test_missing_compile_toolchain_is_one_line_exit_2(monkeypatch, capsys):
+def test_missing_compile_toolchain_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
     run = harness.setup("launch_overhead", "fixed", ["--device", "cpu", "--smoke"])
-    harness.require_compile_toolchain(run)  # this machine (and CI) has g++ and Python.h
+    # A machine with a compiler and Python's headers, whatever this one has.
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "Python.h").write_text("")
+    monkeypatch.setattr(harness.sysconfig, "get_paths", lambda: {"include": str(include)})
+    monkeypatch.setattr(harness.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.delenv("CXX", raising=False)
+    harness.require_compile_toolchain(run)  # all there: no exit
+
     monkeypatch.setenv("CXX", "no-such-compiler-zzz")  # Inductor would use it and nothing else
+    monkeypatch.setattr(harness.shutil, "which",
+                        lambda name: None if name == "no-such-compiler-zzz" else f"/usr/bin/{name}")
     with pytest.raises(SystemExit) as exit_info:
         harness.require_compile_toolchain(run)
     assert exit_info.value.code == 2
@@ -86,3 +98,107 @@ def test_missing_compile_toolchain_is_one_line_exit_2(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         harness.require_compile_toolchain(run)
     assert "a compiler (c++, g++, clang++)" in capsys.readouterr().err
+    (include / "Python.h").unlink()
+    monkeypatch.setattr(harness.shutil, "which", lambda name: f"/usr/bin/{name}")
+    with pytest.raises(SystemExit):
+        harness.require_compile_toolchain(run)
+    error = capsys.readouterr().err
+    assert "Python's headers (Python.h)" in error and "compiler" not in error.split(";")[0]
+
+
+class FakeClock:
+    """time.perf_counter that moves only when a test moves it."""
+
+    def __init__(self):
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_each_step_is_timed_from_its_start_to_its_end(monkeypatch, tmp_path):
+    run = harness.setup("launch_overhead", "bad", ["--device", "cpu", "--smoke",
+                                                   "--out", str(tmp_path)])
+    clock = FakeClock()
+    monkeypatch.setattr(harness.time, "perf_counter", clock)
+    durations_s = iter([0.004, 0.006, 0.005])
+    markers = []
+
+    def step():
+        clock.now_s += next(durations_s)
+
+    def after_step():  # the profiler's marker: it writes the trace after the last step
+        markers.append(clock.now_s)
+        clock.now_s += 2.0
+
+    wall_s, step_ms = harness.clocked_steps(run, step, 3, "test", after_step=after_step)
+    assert step_ms.tolist() == pytest.approx([4.0, 6.0, 5.0])  # the markers' 2 s not included
+    assert len(markers) == 3 and wall_s == pytest.approx(0.015 + 3 * 2.0)
+
+
+def test_the_training_step_adds_up_its_wait_for_data(monkeypatch, tmp_path):
+    run = harness.setup("launch_overhead", "bad", ["--device", "cpu", "--smoke",
+                                                   "--out", str(tmp_path)])
+    clock = FakeClock()
+    monkeypatch.setattr(harness.time, "perf_counter", clock)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def next_batch():
+        clock.now_s += 0.25  # the wait for a batch
+        return torch.zeros(3, 4), torch.zeros(3, dtype=torch.long)
+
+    def loss_fn(logits, targets):
+        clock.now_s += 1.0  # model time: not a wait for data
+        return torch.nn.functional.cross_entropy(logits, targets)
+
+    assert run.data_wait_s is None  # a demo with its own step has no data wait to report
+    step = harness.training_step(run, model, optimizer, next_batch, loss_fn)
+    step()
+    step()
+    assert run.data_wait_s == pytest.approx(0.5)
+
+
+def test_out_of_gpu_memory_is_one_line_exit_2_and_leaves_nothing(monkeypatch, capsys, tmp_path):
+    run = harness.setup("activation_checkpointing", "bad", ["--device", "cpu", "--smoke",
+                                                            "--out", str(tmp_path)])
+    run.out_dir.mkdir(parents=True)
+    (run.out_dir / "summary.json").write_text("{}")  # an earlier run's results
+    (run.out_dir / "w.1.pt.trace.json.gz").write_bytes(b"")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=24 * 2**30))
+
+    def step():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(SystemExit) as exit_info:
+        harness.measure(run, step)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("error: out of GPU memory")
+    for said in ("activation_checkpointing/bad", "smoke preset", f"batch {run.batch_size}",
+                 "24 GiB", "--smoke"):
+        assert said in error, said
+    assert list(run.out_dir.iterdir()) == []
+
+
+def test_a_cuda_trace_without_kernels_stops_the_run(monkeypatch, capsys, tmp_path):
+    run = harness.setup("small_batch", "fixed", ["--device", "cpu", "--smoke",
+                                                 "--out", str(tmp_path)])
+    run.out_dir.mkdir(parents=True)
+    (run.out_dir / "w.1.pt.trace.json.gz").write_bytes(b"")
+    cpu_only = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2}]
+    harness.require_gpu_kernels(run, cpu_only)  # a CPU run: nothing to check
+    run.device = torch.device("cuda")
+    for vocabulary in ("kernel", "Kernel"):  # today's category, and 2021's
+        with_kernel = cpu_only + [{"ph": "X", "cat": vocabulary, "name": "sgemm", "ts": 3,
+                                   "dur": 9}]
+        harness.require_gpu_kernels(run, with_kernel)
+    with pytest.raises(SystemExit) as exit_info:
+        harness.require_gpu_kernels(run, cpu_only)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "holds no GPU kernel events" in error
+    assert "small_batch/fixed" in error and "Nsight" in error
+    assert list(run.out_dir.iterdir()) == []  # no CPU-looking result left behind

@@ -9,9 +9,7 @@ from common import data, harness, models
 
 def main() -> None:
     run = harness.setup(demo="mixed_precision", variant="fixed")
-    # Full-precision FP32 matmuls and convolutions: TF32 (the middle rung) would use tensor cores.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    harness.full_fp32_matmuls()  # TF32 (the middle rung) would put FP32 matmuls on tensor cores
     model, optimizer = models.transformer(run)
     harness.train_on_device(run, model, optimizer, data.staged_tokens(run),
                             loss_fn=models.token_cross_entropy,
