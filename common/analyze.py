@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import gc
 import json
+import math
+import os
 import re
 import sys
 from collections import defaultdict
@@ -65,6 +67,14 @@ CPU_OP_CATEGORIES = {"cpu_op", "operator", "python"}
 # The harness's record_function regions, drawn on the report's CPU timeline.
 REGION_NAMES = ("data", "forward", "backward", "optimizer")
 DATALOADER_REGION = "DataLoader"
+
+# The forward layers whose input's first dimension is the batch, read from "Input Dims" (written
+# with record_shapes=True, as our harness records): what the small-batch and launch-overhead
+# verdicts tell apart by. F.conv*d and F.linear (nn.Conv*d, nn.Linear) enter these ops and only in
+# forward; backward's mm and convolution_backward carry transposed shapes that do not say which
+# dimension is the batch. A compiled model (torch.compile) calls neither: no evidence then.
+CONVOLUTION_OPS = ("aten::conv1d", "aten::conv2d", "aten::conv3d")
+LINEAR_OPS = ("aten::linear",)
 
 # Kernel launches: runtime and driver API calls that put a kernel (or a whole CUDA graph) in a
 # stream. Prefix match, so cudaLaunchKernelExC and cuLaunchKernelEx count.
@@ -119,6 +129,12 @@ SHORT_KERNEL_US = 10.0  # "short" kernel, µs: the issue's and peers' launch-ove
 DATALOADER_SHARE_MIN_PCT = 20.0  # % of the window; gpu-idle and fournex use 20 %
 SMALL_BATCH_UTILIZATION_MAX_PCT = 50.0  # % GPU utilization; peers' small-batch rule
 SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 25.0  # µs median kernel; peers' small-batch rule
+# Short kernels on an idle GPU come from a batch too small to fill them (small_batch) or from a
+# model of many small ops (launch_overhead); the timing is the same, the input shapes differ. Below
+# this batch (input_batch, from record_shapes) it is the batch: a Hopper tensor-core MMA takes 64
+# rows at a time (PTX ISA, wgmma.mma_async .m64nNk16), so with fewer even one tile of each GEMM
+# runs part empty. The small_batch demo's GPU batch is 8, the launch_overhead demo's 64.
+SMALL_BATCH_INPUT_BATCH_BELOW = 64  # samples (or rows) per forward conv/linear call
 # Launch overhead: most kernels are short (our reading of peers' "kernels < 10 µs": a majority)
 # and the CPU spends at least as long in launch calls as the GPU spends running kernels (peers).
 LAUNCH_SHORT_KERNEL_MIN_PCT = 50.0  # % of kernels shorter than SHORT_KERNEL_US
@@ -184,6 +200,8 @@ class TraceColumns:
     memory_bytes: np.ndarray
     memory_device_type: np.ndarray
     device_properties: list[dict]
+    batch_ts: np.ndarray  # start (µs) of each forward conv/linear call with shapes
+    batch_rows: np.ndarray  # its batch dimension (input_batch_of)
 
 
 @dataclass
@@ -277,7 +295,9 @@ def correlations(events: list[dict]) -> np.ndarray:
     return np.array([(e.get("args") or {}).get("correlation", -1) for e in events], dtype=np.int64)
 
 
-ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION = 0, 1, 2, 3  # what a CPU span's name says
+# What a CPU span's name says: nothing, a step, a DataLoader fetch, one of our regions, or a
+# forward layer whose input shape gives the batch.
+ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION, ROLE_LAYER = 0, 1, 2, 3, 4
 
 
 def name_role(name: str) -> int:
@@ -285,7 +305,25 @@ def name_role(name: str) -> int:
         return ROLE_STEP
     if trace.is_dataloader_span(name):
         return ROLE_DATALOADER
+    if name in CONVOLUTION_OPS or name in LINEAR_OPS:
+        return ROLE_LAYER
     return ROLE_REGION if name in REGION_NAMES else ROLE_OTHER
+
+
+def input_batch_of(name: str, input_dims) -> int | None:
+    """The batch dimension of one forward layer call from its "Input Dims": a convolution's N
+    (an unbatched input, one dimension fewer than its weight, is 1), a linear layer's rows: every
+    input dimension but the last (samples x positions, what its GEMM sees). None without shapes."""
+    if not isinstance(input_dims, list) or not input_dims:
+        return None
+    shape = input_dims[0]
+    if (not isinstance(shape, list) or not shape
+            or not all(isinstance(size, int) for size in shape)):
+        return None
+    if name in LINEAR_OPS:
+        return math.prod(shape[:-1])
+    weight = input_dims[1] if len(input_dims) > 1 and isinstance(input_dims[1], list) else []
+    return 1 if len(shape) < len(weight) else shape[0]
 
 
 @dataclass
@@ -296,6 +334,7 @@ class Pieces:
     kernel_name_ids: dict[str, int] = field(default_factory=dict)
     gpu_pids: set = field(default_factory=set)
     named_spans: list[tuple[str, float, float, object]] = field(default_factory=list)
+    layer_batches: list[tuple[float, int]] = field(default_factory=list)  # (start µs, batch)
     kind_by_category: dict = field(default_factory=dict)
     role_by_name: dict[str, int] = field(default_factory=dict)
     runtime_by_name: dict[str, tuple[bool, bool]] = field(default_factory=dict)
@@ -373,12 +412,16 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list[dict], spans: Spans) -
     for name in set(names) - roles_by_name.keys():
         roles_by_name[name] = name_role(name)
     roles = np.array([roles_by_name[n] for n in names], dtype=np.int8)
-    for index in np.flatnonzero(roles != ROLE_OTHER):  # few: a handful per step
+    for index in np.flatnonzero((roles != ROLE_OTHER) & (roles != ROLE_LAYER)):  # a few per step
         pieces.named_spans.append((names[index], float(spans.start[index]),
                                    float(spans.end[index]), group[index].get("pid")))
+    for index in np.flatnonzero(roles == ROLE_LAYER):  # one per conv or linear layer per step
+        batch = input_batch_of(names[index], (group[index].get("args") or {}).get("Input Dims"))
+        if batch is not None:
+            pieces.layer_batches.append((float(spans.start[index]), batch))
     if kind == "cpu_op":  # the plugin's CPU extent: operators (and steps)
         widen(pieces.cpu_extent, spans)
-        work = (roles == ROLE_OTHER) | (roles == ROLE_REGION)
+        work = (roles == ROLE_OTHER) | (roles == ROLE_REGION) | (roles == ROLE_LAYER)
         pieces.add("cpu_op_start", spans.start[work])
         pieces.add("cpu_op_end", spans.end[work])
 
@@ -424,7 +467,9 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         all_extent=tuple(pieces.all_extent), regions=regions,
         memory_ts=pieces.column("memory_ts"), memory_bytes=pieces.column("memory_bytes"),
         memory_device_type=pieces.column("memory_device_type", np.int64),
-        device_properties=properties if isinstance(properties, list) else [])
+        device_properties=properties if isinstance(properties, list) else [],
+        batch_ts=np.array([ts for ts, _ in pieces.layer_batches], dtype=np.float64),
+        batch_rows=np.array([rows for _, rows in pieces.layer_batches], dtype=np.float64))
 
 
 def read_trace(path: Path) -> TraceColumns:
@@ -651,22 +696,53 @@ def rule_dataloader(m: dict) -> dict | None:
         "dataloader_workers")
 
 
-def rule_launch_overhead(m: dict) -> dict | None:
-    gpu = m["gpu"]
+def launch_to_kernel_ratio(gpu: dict) -> float | None:
+    """Launch-call time over kernel time per step when the run is launch bound (most kernels
+    short and the launches take at least as long as the kernels), else None."""
     if not gpu or gpu["kernel_ms_per_step"] <= 0:
         return None
     ratio = gpu["launch_ms_per_step"] / gpu["kernel_ms_per_step"]
     if gpu["short_kernel_pct"] < LAUNCH_SHORT_KERNEL_MIN_PCT or ratio < LAUNCH_TO_KERNEL_TIME_MIN:
         return None
-    return finding(
-        "launch_overhead", severity(ratio, LAUNCH_TO_KERNEL_TIME_MIN),
+    return ratio
+
+
+def gpu_underfilled(gpu: dict) -> bool:
+    """Low utilization with short kernels: the GPU has too little to do (peers' small-batch
+    rule)."""
+    return bool(gpu) and gpu["median_kernel_us"] is not None and (
+        gpu["utilization_pct"] < SMALL_BATCH_UTILIZATION_MAX_PCT
+        and gpu["median_kernel_us"] <= SMALL_BATCH_MEDIAN_KERNEL_MAX_US)
+
+
+def batch_is_small(m: dict) -> bool:
+    return m["input_batch"] is not None and m["input_batch"] < SMALL_BATCH_INPUT_BATCH_BELOW
+
+
+def rule_launch_overhead(m: dict) -> dict | None:
+    """Launch bound, unless the input shapes show a small batch (then rule_small_batch names it,
+    and points here as the fix for a batch that cannot grow)."""
+    gpu = m["gpu"]
+    ratio = launch_to_kernel_ratio(gpu)
+    if ratio is None or rule_small_batch(m):
+        return None
+    evidence = (
         f"launch bound: {gpu['short_kernel_pct']:.0f} % of kernels run < {SHORT_KERNEL_US:.0f} us "
         f"and the CPU spends {gpu['launch_ms_per_step']:.2f} ms/step in "
         f"{gpu['launches_per_step']:.0f} launch calls for {gpu['kernel_ms_per_step']:.2f} ms of "
         f"kernels ({ratio:.1f}x; rule: >= {LAUNCH_SHORT_KERNEL_MIN_PCT:.0f} % short and "
-        f">= {LAUNCH_TO_KERNEL_TIME_MIN:.0f}x)",
-        "launch fewer, larger kernels: torch.compile (fusion) and CUDA graphs "
-        "(mode=\"reduce-overhead\")", "launch_overhead")
+        f">= {LAUNCH_TO_KERNEL_TIME_MIN:.0f}x)")
+    fix = ("launch fewer, larger kernels: torch.compile (fusion) and CUDA graphs "
+           "(mode=\"reduce-overhead\")")
+    if m["input_batch"] is not None:
+        evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs"
+                     + ("" if batch_is_small(m) else
+                        f", not small (>= {SMALL_BATCH_INPUT_BATCH_BELOW}): many small ops"))
+    elif gpu_underfilled(gpu):  # the timing fits a small batch as well: say both fixes
+        fix += ("; or, if the batch is small, a larger one (see demos/small_batch/): the trace "
+                "has no input shapes (record_shapes=True) to tell the two apart")
+    return finding("launch_overhead", severity(ratio, LAUNCH_TO_KERNEL_TIME_MIN), evidence, fix,
+                   "launch_overhead")
 
 
 def rule_host_sync(m: dict) -> dict | None:
@@ -684,21 +760,38 @@ def rule_host_sync(m: dict) -> dict | None:
 
 
 def rule_small_batch(m: dict) -> dict | None:
-    """Low utilization with short kernels, when nothing else named explains the idle GPU."""
+    """Low utilization with short kernels, when nothing else named explains the idle GPU. A
+    launch-bound run is a small batch's only when its input shapes show a small batch (a small
+    batch is launch bound too); otherwise rule_launch_overhead names it."""
     gpu = m["gpu"]
-    if (not gpu or gpu["median_kernel_us"] is None
-            or gpu["utilization_pct"] >= SMALL_BATCH_UTILIZATION_MAX_PCT
-            or gpu["median_kernel_us"] > SMALL_BATCH_MEDIAN_KERNEL_MAX_US
-            or rule_dataloader(m) or rule_launch_overhead(m) or rule_host_sync(m)):
+    if not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_sync(m):
         return None
+    launch_ratio = launch_to_kernel_ratio(gpu)
+    if launch_ratio is not None and not batch_is_small(m):
+        return None
+    evidence = (
+        f"GPU under-filled: utilization {gpu['utilization_pct']:.0f} % with a median kernel of "
+        f"{gpu['median_kernel_us']:.1f} us (rule: < {SMALL_BATCH_UTILIZATION_MAX_PCT:.0f} % and "
+        f"<= {SMALL_BATCH_MEDIAN_KERNEL_MAX_US:.0f} us)")
+    fix = ("give each kernel more work: a larger batch (scale the learning rate with it), or "
+           "gradient accumulation if memory is the limit")
+    if batch_is_small(m):
+        evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs "
+                     f"(< {SMALL_BATCH_INPUT_BATCH_BELOW})")
+    elif m["input_batch"] is not None:  # the timing says under-filled, the shapes disagree
+        evidence += (f"; but batch {m['input_batch']:.0f} at the conv/linear inputs is not small "
+                     f"(>= {SMALL_BATCH_INPUT_BATCH_BELOW}): the short kernels may come from "
+                     f"other ops, where a larger batch helps less")
+    if launch_ratio is not None:
+        evidence += (f"; launch bound too, as a small batch is: {gpu['launch_ms_per_step']:.2f} "
+                     f"ms/step of launch calls for {gpu['kernel_ms_per_step']:.2f} ms of kernels "
+                     f"({launch_ratio:.1f}x)")
+        fix += ("; if the batch cannot grow, launch fewer kernels: torch.compile and CUDA graphs "
+                "(see demos/launch_overhead/)")
     return finding(
         "small_batch",
         severity(gpu["utilization_pct"], SMALL_BATCH_UTILIZATION_MAX_PCT, upper_limit=True),
-        f"GPU under-filled: utilization {gpu['utilization_pct']:.0f} % with a median kernel of "
-        f"{gpu['median_kernel_us']:.1f} us (rule: < {SMALL_BATCH_UTILIZATION_MAX_PCT:.0f} % and "
-        f"<= {SMALL_BATCH_MEDIAN_KERNEL_MAX_US:.0f} us)",
-        "give each kernel more work: a larger batch (scale the learning rate with it), or "
-        "gradient accumulation if memory is the limit", "small_batch")
+        evidence, fix, "small_batch")
 
 
 def rule_fp32_matmul(m: dict) -> dict | None:
@@ -776,6 +869,8 @@ def analyze(path: Path) -> Analysis:
     memory_ts, memory_mb = memory_ts[order], memory_mb[order]
     gpu_props = columns.device_properties[0] if has_gpu and columns.device_properties else {}
     total_memory = gpu_props.get("totalGlobalMem") if isinstance(gpu_props, dict) else None
+    layer_batches = columns.batch_rows[(columns.batch_ts >= window[0])
+                                       & (columns.batch_ts < window[1])]
 
     metrics = {
         "trace": str(trace_path),
@@ -792,6 +887,9 @@ def analyze(path: Path) -> Analysis:
         # window and the plugin-style breakdown of an average step.
         "device_memory_mb": float(total_memory) / trace.BYTES_PER_MB if total_memory else None,
         "window_ms": span / US_PER_MS,
+        # The median batch dimension of the forward conv/linear calls in the window (record_shapes;
+        # null without shapes): tells a small batch from many small ops (input_batch_of).
+        "input_batch": float(np.median(layer_batches)) if layer_batches.size else None,
         "steps_named": bool(columns.steps.size),
     }
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
@@ -835,6 +933,9 @@ def format_human(result: dict) -> str:
              f"DataLoader   {result['dataloader_pct']:.1f} % of the steps",
              f"peak memory  {fmt(result['peak_memory_mb'], '.0f', ' MB')}"
              + (f" of {result['device_memory_mb']:.0f} MB" if result["device_memory_mb"] else "")]
+    if result["input_batch"] is not None:
+        lines.append(f"batch        {result['input_batch']:.0f} (median batch dimension of the "
+                     f"forward conv/linear inputs, from record_shapes)")
     gpu = result["gpu"]
     if gpu:
         lines += [f"GPU          utilization {gpu['utilization_pct']:.1f} %, idle "
@@ -861,6 +962,22 @@ def format_human(result: dict) -> str:
 
 
 
+def print_output(text: str) -> int:
+    """Print text and flush; the exit code: 0, or 1 when the reader closed the pipe early
+    (`| head -1`). The recipe of Python's docs (signal module, "Note on SIGPIPE"): flush inside
+    the try, then point stdout at devnull so the flush at exit raises no second BrokenPipeError
+    ("Exception ignored ... BrokenPipeError" on stderr); 1 is the code Python exits with on
+    EPIPE. Shared by the three command lines (analyze, compare, report)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.analyze",
@@ -876,11 +993,7 @@ def main(argv: list[str] | None = None) -> int:
     except trace.TraceError as error:
         print(f"analyze: {error}", file=sys.stderr)
         return 2
-    if flags.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_human(result))
-    return 0
+    return print_output(json.dumps(result, indent=2) if flags.json else format_human(result))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ DEMO_DIR holds bad/ and fixed/, each with the summary.json and the trace a demo 
 timed phase; peak memory as the harness measured it); the GPU and host numbers and the verdicts
 come from the trace the summary names (trace_file), through common.analyze. Both runs must share
 their conditions (device, device_name, preset, torch_version): a pair that does not is an error,
-not a comparison. Imports no torch.
+not a comparison. A run whose profiled steps ran much slower than its timed ones
+(profiler_overhead_ratio above trace.PROFILER_OVERHEAD_WARN_RATIO) gets a warning: its trace
+exaggerates the CPU's share. Imports no torch.
 """
 from __future__ import annotations
 
@@ -90,17 +92,49 @@ def ratio(new, old) -> float | None:
     return new / old if new is not None and old else None
 
 
+def profiler_overhead_ratio(summary: dict) -> float | None:
+    """Profiled step p50 / timed step p50, as the harness writes it (profiler_overhead_ratio), or
+    from the two p50s when only they are there; None for an older summary without them."""
+    if summary.get("profiler_overhead_ratio") is not None:
+        return summary["profiler_overhead_ratio"]
+    return ratio(summary.get("profiled_step_ms_p50"), summary.get("step_ms_p50"))
+
+
+def profiler_warnings(comparison: dict) -> list[str]:
+    """One sentence per variant whose profiled steps ran more than PROFILER_OVERHEAD_WARN_RATIO
+    times its timed p50: the profiler's per-operator cost (record_shapes, profile_memory) then
+    inflates the trace's CPU time, and only the unprofiled numbers stand."""
+    warnings = []
+    for variant in VARIANTS:
+        overhead = comparison["profiler_overhead_ratio"][variant]
+        if overhead is not None and overhead > trace.PROFILER_OVERHEAD_WARN_RATIO:
+            warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
+                            f"(warn above {trace.PROFILER_OVERHEAD_WARN_RATIO}x): the trace "
+                            f"exaggerates CPU time; trust samples/s")
+    return warnings
+
+
 def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
     """Both variants, and fixed ÷ bad for throughput and peak memory."""
     demo_dir = Path(demo_dir)
+    if not demo_dir.is_dir():
+        raise CompareError(f"{demo_dir}: no such directory (a demo's output folder, "
+                           f"e.g. traces/dataloader_workers, holding bad/ and fixed/)")
     summaries = {variant: read_summary(demo_dir, variant) for variant in VARIANTS}
     check_same_conditions(demo_dir, *(summaries[v] for v in VARIANTS))  # before the slow part
     runs = {variant: analyze_variant(demo_dir, variant, summaries[variant], keep_detail)
             for variant in VARIANTS}
     bad, fixed = (runs[v]["summary"] for v in VARIANTS)
-    return {"demo": bad.get("demo", demo_dir.name), **runs,
-            "speedup": ratio(fixed["samples_per_s"], bad["samples_per_s"]),
-            "peak_memory_ratio": ratio(fixed.get("peak_memory_mb"), bad.get("peak_memory_mb"))}
+    comparison = {
+        "demo": bad.get("demo", demo_dir.name), **runs,
+        "speedup": ratio(fixed["samples_per_s"], bad["samples_per_s"]),
+        "peak_memory_ratio": ratio(fixed.get("peak_memory_mb"), bad.get("peak_memory_mb")),
+        # Per variant, null where an older summary lacks them.
+        "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in VARIANTS},
+        "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
+                                    for v in VARIANTS}}
+    comparison["warnings"] = profiler_warnings(comparison)
+    return comparison
 
 
 def gpu_value(name: str):
@@ -113,6 +147,8 @@ ROWS = [
     ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f"),
     ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f"),
     ("peak memory MB", lambda run: run["summary"].get("peak_memory_mb"), ".1f"),
+    ("data wait %", lambda run: run["summary"].get("data_wait_pct"), ".1f"),
+    ("profiled/timed step", lambda run: profiler_overhead_ratio(run["summary"]), ".2f"),
     ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f"),
     ("GPU utilization %", gpu_value("utilization_pct"), ".1f"),
     ("GPU idle %", gpu_value("idle_pct"), ".1f"),
@@ -125,13 +161,18 @@ ROWS = [
 ]
 
 
+# Rows shown as n/a rather than left out when neither summary has them: the harness's newer
+# fields, absent from older summaries (the reader learns the run predates them).
+ALWAYS_SHOWN_ROWS = ("data wait %", "profiled/timed step")
+
+
 def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
     """(label, bad, fixed, fixed ÷ bad) as text; rows with no value in either variant are left
-    out (a CPU run has no GPU rows)."""
+    out (a CPU run has no GPU rows), but for ALWAYS_SHOWN_ROWS."""
     rows = []
     for label, read, spec in ROWS:
         bad, fixed = (read(comparison[v]) for v in VARIANTS)
-        if bad is None and fixed is None:
+        if bad is None and fixed is None and label not in ALWAYS_SHOWN_ROWS:
             continue
         shown = ["n/a" if x is None else f"{x:{spec}}" for x in (bad, fixed)]
         change = ratio(fixed, bad)
@@ -179,6 +220,7 @@ def format_text(comparison: dict) -> str:
     for variant in VARIANTS:
         for found in comparison[variant]["analysis"]["findings"]:
             lines.append(f"  {variant}: [{found['severity']}] {found['id']}: {found['evidence']}")
+    lines += [f"  warning: {text}" for text in comparison["warnings"]]
     lines += [f"  note: {text}" for text in notes(comparison)]
     return "\n".join(lines)
 
@@ -187,22 +229,24 @@ def format_text(comparison: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.compare",
-        description="A demo's bad and fixed runs side by side: throughput, step time, GPU "
-                    "utilization and idle, kernels, syncs, peak memory and the verdicts.",
+        description="A demo's bad and fixed runs side by side: throughput, step time, data "
+                    "wait, profiler overhead, GPU utilization and idle, kernels, syncs, peak "
+                    "memory and the verdicts.",
         epilog="Exit code 2 when DEMO_DIR/bad or DEMO_DIR/fixed lacks a summary or a trace, or "
                "when the two ran on a different device, machine, preset or torch version.")
     parser.add_argument("demo_dir", metavar="DEMO_DIR", type=Path,
                         help="e.g. traces/dataloader_workers (holds bad/ and fixed/)")
     parser.add_argument("--json", action="store_true",
-                        help="one JSON object, with speedup and peak_memory_ratio (fixed / bad)")
+                        help="one JSON object, with speedup and peak_memory_ratio (fixed / bad), "
+                             "data_wait_pct and profiler_overhead_ratio per variant, warnings")
     flags = parser.parse_args(argv)
     try:
         comparison = compare(flags.demo_dir)
     except CompareError as error:
         print(f"compare: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(comparison, indent=2) if flags.json else format_text(comparison))
-    return 0
+    return analyze.print_output(json.dumps(comparison, indent=2) if flags.json
+                                else format_text(comparison))
 
 
 if __name__ == "__main__":

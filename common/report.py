@@ -168,9 +168,17 @@ def save(fig, out_png: Path) -> Path:
 
 # --- Sections. ------------------------------------------------------------------------------------
 
+def as_utc(when: datetime) -> datetime:
+    """An aware time; one without a UTC offset is taken as UTC (comparing a naive time with an
+    aware one raises TypeError)."""
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
+
+
 def created(summary: dict) -> datetime | None:
+    """When the run wrote its summary: created_utc as an aware time, naive ones taken as UTC as
+    the field's name says. None when it is missing or not an ISO 8601 time."""
     try:
-        return datetime.fromisoformat(summary["created_utc"])
+        return as_utc(datetime.fromisoformat(summary["created_utc"]))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -185,11 +193,18 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
     except compare.CompareError as error:
         return Section(demo, "missing", str(error))
     if since is not None:
+        run_started = as_utc(since).replace(microsecond=0)  # created_utc is whole seconds
         for variant in compare.VARIANTS:
-            when = created(comparison[variant]["summary"])
-            if when is None or when < since.replace(microsecond=0):
-                return Section(demo, "stale", f"{variant}/summary.json is from "
-                                              f"{when or 'an unknown time'}, before this run")
+            summary = comparison[variant]["summary"]
+            when = created(summary)
+            if when is None:
+                written = ("has no created_utc" if summary.get("created_utc") is None else
+                           f"has created_utc {summary['created_utc']!r}, not an ISO 8601 time")
+                return Section(demo, "stale", f"{variant}/summary.json {written}: it cannot be "
+                                              f"shown to come from this run")
+            if when < run_started:
+                return Section(demo, "stale", f"{variant}/summary.json is from {when}, before "
+                                              f"this run")
     analyses = {v: comparison[v].pop("detail") for v in compare.VARIANTS}
     section = Section(demo, "ok", comparison=comparison)
     section.figures.append((
@@ -258,6 +273,8 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
                   for label, bad, fixed, change in compare.table_rows(comparison)]
         lines.append("")
         lines += verdict_lines(comparison, markdown=True)
+        for text in comparison["warnings"]:  # a quote each: consecutive "> " lines join up
+            lines += [f"> **Warning:** {text}", ""]
         lines += [f"> {text}" for text in compare.notes(comparison)]
         for caption, png in section.figures:
             lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
@@ -287,6 +304,7 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .failed { background: #fff3e0; padding: 0.6em 1em; border-left: 4px solid #ef6c00; }
 figure { margin: 1em 0; } figcaption { color: #616161; font-size: 0.9em; }
 img { max-width: 100%; } .note { color: #455a64; }
+.warning { background: #fffde7; padding: 0.4em 1em; border-left: 4px solid #f9a825; }
 """
 
 
@@ -320,6 +338,8 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
         parts.append("</table><ul>")
         parts += [f"<li>{e(line[2:])}</li>" for line in verdict_lines(comparison, markdown=False)]
         parts.append("</ul>")
+        parts += [f"<p class=\"warning\"><b>Warning:</b> {e(text)}</p>"
+                  for text in comparison["warnings"]]
         parts += [f"<p class=\"note\">{e(text)}</p>" for text in compare.notes(comparison)]
         for caption, png in section.figures:
             parts.append(f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
@@ -377,8 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: {flags.out}: no such directory", file=sys.stderr)
         return 2
     markdown, page = write_report(flags.out, flags.demos or None)
-    print(f"wrote {markdown} and {page}")
-    return 0
+    return analyze.print_output(f"wrote {markdown} and {page}")
 
 
 if __name__ == "__main__":

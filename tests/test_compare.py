@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from common import analyze, compare
-from tests.conftest import read_summary
+from common import compare, trace
+from tests.conftest import ROOT, read_summary
+
+CLI_TIMEOUT_S = 120  # a command line on a small synthetic pair takes about a second
 
 
 def test_synthetic_gpu_pair_side_by_side(synthetic_pairs_out, capsys):
@@ -21,10 +26,53 @@ def test_synthetic_gpu_pair_side_by_side(synthetic_pairs_out, capsys):
     # 15 µs kernels launched every 40 µs keep the GPU busy 15/40 of the time.
     assert bad["gpu"]["utilization_pct"] == pytest.approx(100 * 15 / 40, abs=1.0)
     assert bad["gpu"]["median_kernel_us"] == pytest.approx(15.0)
+    # 100 kernels of 15 µs per step, one launch each; none is short (< 10 µs).
+    assert bad["gpu"]["kernels_per_step"] == 100 and bad["gpu"]["launches_per_step"] == 100
+    assert bad["gpu"]["short_kernel_pct"] == 0
     assert fixed["gpu"]["utilization_pct"] > 95
-    # The same analysis as the analyzer's own command gives.
-    run_dir = synthetic_pairs_out / "small_batch" / "bad"
-    assert bad == analyze.analyze_trace(run_dir)
+    for variant in ("bad", "fixed"):  # each analysis is of the trace its summary names
+        named = result[variant]["summary"]["trace_file"]
+        assert result[variant]["analysis"]["trace"].endswith(f"/{variant}/{named}")
+
+
+def test_the_named_trace_is_analysed_even_when_a_newer_one_sits_beside_it(synthetic_pairs_out,
+                                                                          tmp_path):
+    """A healthy trace with a later mtime in bad/ (left by another run, say) is not read: the
+    summary names its own trace, the small-batch one (GPU 15/40 busy)."""
+    demo_dir = tmp_path / "small_batch"
+    shutil.copytree(synthetic_pairs_out / "small_batch", demo_dir)
+    bad_dir = demo_dir / "bad"
+    named = json.loads((bad_dir / "summary.json").read_text())["trace_file"]
+    other = bad_dir / "small_batch_fixed.2.pt.trace.json.gz"
+    shutil.copy(demo_dir / "fixed" / "small_batch_fixed.1.pt.trace.json.gz", other)
+    os.utime(bad_dir / named, (1_000_000_000, 1_000_000_000))
+    os.utime(other, (2_000_000_000, 2_000_000_000))  # the newest trace in the folder
+    bad = compare.compare(demo_dir)["bad"]["analysis"]
+    assert bad["trace"] == str(bad_dir / named)
+    assert bad["gpu"]["utilization_pct"] == pytest.approx(100 * 15 / 40, abs=1.0)
+    assert [f["id"] for f in bad["findings"]] == ["small_batch"]
+
+
+@pytest.mark.parametrize("newest", ["small_batch_bad.1.pt.trace.json.gz", "older.pt.trace.json.gz"])
+def test_without_trace_file_the_newest_trace_is_analysed(synthetic_pairs_out, tmp_path, newest):
+    """An older summary names no trace: the run folder's newest trace (by mtime, set here, not by
+    name) is read. bad/ holds its own small-batch trace and a healthy one."""
+    demo_dir = tmp_path / "small_batch"
+    shutil.copytree(synthetic_pairs_out / "small_batch", demo_dir)
+    bad_dir = demo_dir / "bad"
+    summary = json.loads((bad_dir / "summary.json").read_text())
+    del summary["trace_file"]
+    (bad_dir / "summary.json").write_text(json.dumps(summary))
+    shutil.copy(demo_dir / "fixed" / "small_batch_fixed.1.pt.trace.json.gz",
+                bad_dir / "older.pt.trace.json.gz")
+    for index, name in enumerate(sorted(p.name for p in bad_dir.glob("*.gz"))):
+        at = 2_000_000_000 if name == newest else 1_000_000_000 + index
+        os.utime(bad_dir / name, (at, at))
+    bad = compare.compare(demo_dir)["bad"]["analysis"]
+    assert bad["trace"] == str(bad_dir / newest)
+    small_batch = newest.startswith("small_batch")
+    assert (bad["gpu"]["utilization_pct"] < 50) == small_batch
+    assert [f["id"] for f in bad["findings"]] == (["small_batch"] if small_batch else [])
 
 
 def test_text_table_rows_and_ratios(synthetic_pairs_out, capsys):
@@ -59,6 +107,9 @@ def test_cpu_pair_from_the_smoke_runs(workers_smoke_out, capsys):
     (lambda d: shutil.rmtree(d / "fixed"), "fixed: no such directory"),
     (lambda d: (d / "bad" / "summary.json").unlink(), "summary.json: missing"),
     (lambda d: (d / "bad" / "summary.json").write_text("{"), "summary.json: not JSON"),
+    (lambda d: (d / "bad" / "summary.json").write_text("[]"), "summary.json: not a demo summary"),
+    (lambda d: (d / "fixed" / "summary.json").write_text('{"a": 1}'),
+     "fixed/summary.json: not a demo summary (no samples_per_s)"),
     (lambda d: [p.write_bytes(b"\x1f\x8b\x08garbage") for p in (d / "bad").glob("*.gz")],
      "truncated or corrupt gzip"),
 ])
@@ -135,3 +186,111 @@ def test_a_missing_named_trace_is_an_error_not_another_trace(synthetic_pairs_out
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("compare: ")
     assert f"names {named}, which is missing from {run_dir}" in captured.err
+
+
+def test_a_demo_dir_that_does_not_exist_is_one_line_and_exit_code_2(tmp_path, capsys):
+    assert compare.main([str(tmp_path / "nope")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"compare: {tmp_path / 'nope'}: no such directory")
+
+
+# --- The harness's data wait and profiler overhead (summary.json), and the warning. ------------
+
+def with_timing_fields(synthetic_pairs_out, tmp_path, bad: dict, fixed: dict):
+    demo_dir = tmp_path / "small_batch"
+    shutil.copytree(synthetic_pairs_out / "small_batch", demo_dir)
+    edit_summary(demo_dir / "bad", **bad)
+    edit_summary(demo_dir / "fixed", **fixed)
+    return demo_dir
+
+
+def text_rows(out: str) -> dict[str, list[str]]:
+    """The table's rows: label -> [bad, fixed, fixed/bad] cells."""
+    rows = {}
+    for line in out.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip().split("  ") if cell.strip()]
+        if line.startswith("  ") and len(cells) >= 3:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_data_wait_and_profiler_overhead_rows_and_warning(synthetic_pairs_out, tmp_path, capsys):
+    # bad's step p50 is 1000 * 8 / 1000 = 8 ms (write_demo_run); its profiled steps 8.8 ms.
+    demo_dir = with_timing_fields(
+        synthetic_pairs_out, tmp_path,
+        bad=dict(data_wait_pct=42.5, profiled_step_ms_p50=8.8, profiler_overhead_ratio=1.1),
+        fixed=dict(data_wait_pct=3.0, profiler_overhead_ratio=1.6))
+    assert compare.main([str(demo_dir)]) == 0
+    out = capsys.readouterr().out
+    rows = text_rows(out)
+    assert rows["data wait %"] == ["42.5", "3.0", "0.07x"]
+    assert rows["profiled/timed step"][:2] == ["1.10", "1.60"]
+    warnings = [line.strip() for line in out.splitlines() if line.startswith("  warning: ")]
+    assert warnings == ["warning: fixed: profiled steps ran 1.60x the timed step p50 (warn above "
+                        "1.2x): the trace exaggerates CPU time; trust samples/s"]
+
+    assert compare.main([str(demo_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["data_wait_pct"] == {"bad": 42.5, "fixed": 3.0}
+    assert result["profiler_overhead_ratio"] == {"bad": 1.1, "fixed": 1.6}
+    assert len(result["warnings"]) == 1 and result["warnings"][0].startswith("fixed: ")
+
+
+@pytest.mark.parametrize("fields, overhead, warned", [
+    (dict(profiler_overhead_ratio=trace.PROFILER_OVERHEAD_WARN_RATIO), 1.2, False),  # not above
+    (dict(profiler_overhead_ratio=1.21), 1.21, True),
+    # no ratio in the summary: the two p50s give it (bad's timed p50 is 8 ms)
+    (dict(profiled_step_ms_p50=16.0), 2.0, True),
+    (dict(), None, False),  # an older summary: n/a, no warning
+])
+def test_profiler_overhead_ratio_and_its_threshold(synthetic_pairs_out, tmp_path, fields,
+                                                   overhead, warned):
+    assert trace.PROFILER_OVERHEAD_WARN_RATIO == 1.2
+    demo_dir = with_timing_fields(synthetic_pairs_out, tmp_path, bad=fields, fixed={})
+    comparison = compare.compare(demo_dir)
+    assert comparison["profiler_overhead_ratio"]["bad"] == (
+        None if overhead is None else pytest.approx(overhead))
+    assert [w.startswith("bad: profiled steps ran") for w in comparison["warnings"]] == (
+        [True] if warned else [])
+    assert ("warning: bad:" in compare.format_text(comparison)) == warned
+
+
+def test_older_summaries_show_n_a_for_the_new_rows(synthetic_pairs_out, capsys):
+    """The synthetic summaries have neither field: the rows stay, as n/a, and JSON says null."""
+    assert compare.main([str(synthetic_pairs_out / "small_batch")]) == 0
+    out = capsys.readouterr().out
+    rows = text_rows(out)
+    assert rows["data wait %"] == ["n/a", "n/a"] and rows["profiled/timed step"] == ["n/a", "n/a"]
+    assert "warning:" not in out
+    assert compare.main([str(synthetic_pairs_out / "small_batch"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["data_wait_pct"] == {"bad": None, "fixed": None}
+    assert result["profiler_overhead_ratio"] == {"bad": None, "fixed": None}
+    assert result["warnings"] == []
+
+
+# --- Output into a pipe the reader closed (`| head -1`). ----------------------------------------
+
+def run_into_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """python -m <args> with stdout a pipe whose reader is gone before it starts, so its first
+    write fails with EPIPE every time. (`| head -1` fails only when head exits before the
+    writer's last write: output under a pipe's 64 KiB buffer usually gets through.)"""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=CLI_TIMEOUT_S)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("command", [
+    ("common.compare", "small_batch"), ("common.compare", "small_batch", "--json"),
+    ("common.analyze", "small_batch/bad"), ("common.analyze", "small_batch/bad", "--json"),
+])
+def test_a_closed_pipe_ends_quietly(synthetic_pairs_out, command):
+    module, target, *flags = command
+    result = run_into_closed_pipe(module, str(synthetic_pairs_out / target), *flags)
+    assert result.stderr == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+    assert result.returncode == 1  # what Python's docs' recipe (and Python itself) exit with

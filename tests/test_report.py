@@ -4,9 +4,13 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 import re
 import shutil
-from datetime import datetime, timezone
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -157,3 +161,113 @@ def test_report_command_line(pairs_out, tmp_path, capsys):
     assert report.main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
+
+
+# --- Sections without numbers: what the markdown says for each. ---------------------------------
+
+def edit_summaries(out, demo, **changes):
+    """Set (or, with None, remove) fields in both summaries of a pair."""
+    for variant in ("bad", "fixed"):
+        path = out / demo / variant / "summary.json"
+        summary = {**json.loads(path.read_text()), **changes}
+        path.write_text(json.dumps({k: v for k, v in summary.items() if v is not None}))
+
+
+def test_missing_failed_and_stale_sections_say_why(pairs_out):
+    shutil.rmtree(pairs_out / "activation_checkpointing" / "fixed")  # its fixed run never wrote
+    report.write_report(pairs_out, ["never_ran", "activation_checkpointing", "small_batch"],
+                        failed={"small_batch"})
+    found = sections((pairs_out / report.REPORT_MD).read_text())
+    assert found["never_ran"].strip().endswith(
+        f"**No comparison (missing):** {pairs_out / 'never_ran'}: no such directory (a demo's "
+        "output folder, e.g. traces/dataloader_workers, holding bad/ and fixed/)")
+    assert (f"**No comparison (missing):** {pairs_out / 'activation_checkpointing' / 'fixed'}: no "
+            "such directory (run demos/<demo>/fixed.py first)") in found["activation_checkpointing"]
+    assert ("**No comparison (failed):** a script of this pair failed in this run"
+            in found["small_batch"])
+    for section in found.values():
+        assert "| samples/s |" not in section and "![" not in section  # no numbers, no plots
+
+    report.write_report(pairs_out, ["small_batch"], since=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    stale = sections((pairs_out / report.REPORT_MD).read_text())["small_batch"]
+    assert ("**No comparison (stale):** bad/summary.json is from 2025-01-01 00:00:00+00:00, "
+            "before this run") in stale
+
+
+@pytest.fixture
+def far_from_utc(monkeypatch):
+    """The process's local time zone 5:30 ahead of UTC: a naive time read as local time would be
+    5.5 h off."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("since, status", [
+    (datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc), "ok"),  # written the second it began
+    (datetime(2026, 11, 22, 10, 0, 1, tzinfo=timezone.utc), "stale"),
+    (datetime(2026, 11, 22, 11, 0, 1, tzinfo=timezone(timedelta(hours=1))), "stale"),  # 10:00:01Z
+    (datetime(2026, 11, 22, 9, 59, 59), "ok"),  # a naive start is UTC too
+])
+def test_a_created_utc_without_offset_is_utc(pairs_out, far_from_utc, since, status):
+    edit_summaries(pairs_out, "small_batch", created_utc="2026-11-22T10:00:00")
+    [section] = report.build_sections(pairs_out, ["small_batch"], since=since)
+    assert section.status == status
+    if status == "stale":
+        assert section.reason == ("bad/summary.json is from 2026-11-22 10:00:00+00:00, before "
+                                  "this run")
+    report.write_report(pairs_out, ["small_batch"], since=since)  # renders without an error
+
+
+@pytest.mark.parametrize("created_utc, says", [
+    ("yesterday", "has created_utc 'yesterday', not an ISO 8601 time"),
+    (1764000000, "has created_utc 1764000000, not an ISO 8601 time"),
+    (None, "has no created_utc"),
+])
+def test_an_unreadable_created_utc_is_stale_and_says_so(pairs_out, created_utc, says):
+    edit_summaries(pairs_out, "small_batch", created_utc=created_utc)
+    report.write_report(pairs_out, ["small_batch"],
+                        since=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    small = sections((pairs_out / report.REPORT_MD).read_text())["small_batch"]
+    assert (f"**No comparison (stale):** bad/summary.json {says}: it cannot be shown to come "
+            f"from this run") in small
+
+
+# --- Data wait and profiler overhead. -----------------------------------------------------------
+
+def test_data_wait_profiler_overhead_and_its_warning(pairs_out):
+    for variant, fields in (("bad", dict(data_wait_pct=42.5, profiler_overhead_ratio=1.1)),
+                            ("fixed", dict(data_wait_pct=3.0, profiler_overhead_ratio=1.6))):
+        path = pairs_out / "small_batch" / variant / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    markdown_path, html_path = report.write_report(pairs_out)
+    found = sections(markdown_path.read_text())
+    small = found["small_batch"]
+    assert "| data wait % | 42.5 | 3.0 | 0.07x |" in small
+    assert "| profiled/timed step | 1.10 | 1.60 | 1.45x |" in small
+    warning = ("fixed: profiled steps ran 1.60x the timed step p50 (warn above 1.2x): the trace "
+               "exaggerates CPU time; trust samples/s")
+    assert f"> **Warning:** {warning}" in small and "bad: profiled steps" not in small
+    # The other pair's summaries predate the fields: n/a, and no warning.
+    other = found["activation_checkpointing"]
+    assert "| data wait % | n/a | n/a |  |" in other and "Warning" not in other
+    page = html_path.read_text()
+    assert page.count('<p class="warning">') == 1
+    assert f'<p class="warning"><b>Warning:</b> {warning}</p>' in page
+
+
+def test_report_command_line_into_a_closed_pipe(pairs_out):
+    """`python -m common.report ... | head -0`: the report is written, the print fails quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader: the command's first write fails with EPIPE
+    try:
+        result = subprocess.run([sys.executable, "-m", "common.report", str(pairs_out),
+                                 "small_batch"], cwd=ROOT, stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+    assert result.returncode == 1
+    assert sorted(sections((pairs_out / report.REPORT_MD).read_text())) == ["small_batch"]
