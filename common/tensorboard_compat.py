@@ -39,7 +39,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import orjson
+try:  # orjson writes a 100 MB trace several times faster than json
+    import orjson
+except ImportError:  # an existing environment without it (PYTHON=... ./scripts/run_demos.sh)
+    orjson = None
 
 from common import trace
 
@@ -114,9 +117,13 @@ def read_trace(path: Path) -> tuple[dict, bool]:
 
 
 def encode_trace(trace_json: dict, use_gzip: bool) -> bytes:
-    try:
-        data = orjson.dumps(trace_json)
-    except TypeError:  # orjson.JSONEncodeError: e.g. an integer wider than 64 bits
+    data = None
+    if orjson is not None:
+        try:
+            data = orjson.dumps(trace_json)
+        except TypeError:  # orjson.JSONEncodeError: e.g. an integer wider than 64 bits
+            pass
+    if data is None:  # the same compact JSON from json, only slower
         data = json.dumps(trace_json, separators=(",", ":")).encode()
     return gzip.compress(data, compresslevel=GZIP_LEVEL) if use_gzip else data
 

@@ -5,6 +5,8 @@ Examples:
   ./scripts/run_demos.sh                          every demo, on the GPU if there is one
   ./scripts/run_demos.sh dataloader_workers --device cpu
   ./scripts/run_demos.sh --smoke                  tiny sizes: checks that everything runs
+  PYTHON=python3 ./scripts/run_demos.sh --device cuda --out traces/reference/h100
+                                                  a python that has PyTorch already, no .venv
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import compare, report
+from common import compare, report, trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
@@ -29,7 +31,7 @@ def available_demos() -> list[str]:
 
 def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     demos = available_demos()
-    parser = argparse.ArgumentParser(
+    parser = trace.OneLineArgumentParser(  # a bad flag or demo name: one line, exit code 2
         prog="run_demos.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Demos: {', '.join(demos)}.")
     parser.add_argument("demos", nargs="*", metavar="DEMO", help="demos to run (default: all)")

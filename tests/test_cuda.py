@@ -1,0 +1,52 @@
+"""Every pair on a CUDA GPU at smoke sizes, through scripts/run_demos.py: both scripts and the
+comparison succeed, each trace holds GPU kernels and each summary says cuda. Marked `cuda` and
+skipped where PyTorch sees no GPU (this machine, CI). On a GPU machine:
+
+    PYTHON=python3 ./scripts/test.sh -m cuda
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common import analyze, compare, trace
+from tests.conftest import ROOT
+
+# Both scripts of a pair at smoke sizes take seconds; launch_overhead's fixed.py compiles
+# (Triton: a minute or two, cold). This only stops a hung run.
+PAIR_TIMEOUT_S = 900
+NO_GPU = (f"no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__}, "
+          f"CUDA build {torch.version.cuda})")
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)]
+
+
+def pairs() -> list[str]:
+    """Every demos/<name>/ with a bad.py and a fixed.py, as run_demos.sh finds them."""
+    return sorted(folder.name for folder in (ROOT / "demos").iterdir()
+                  if all((folder / f"{variant}.py").is_file() for variant in compare.VARIANTS))
+
+
+@pytest.mark.parametrize("demo", pairs())
+def test_pair_runs_on_the_gpu(demo, tmp_path):
+    # The project root on the path, as ./scripts/test.sh sets it with PYTHON=...: the scripts
+    # import `common`, and an existing environment has not pip-installed this project.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_demos.py"), demo, "--smoke",
+         "--device", "cuda", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for variant in compare.VARIANTS:
+        run_dir = tmp_path / demo / variant
+        summary = json.loads((run_dir / trace.SUMMARY_FILE).read_text())
+        assert (summary["device"], summary["preset"]) == ("cuda", "smoke"), variant
+        analysis = analyze.analyze_trace(run_dir)
+        assert analysis["device"] == "cuda", f"{variant}: no GPU activity in the trace"
+        assert analysis["gpu"]["kernels_per_step"] > 0, variant

@@ -1,0 +1,304 @@
+"""The scripts a user runs: run_demos.py's exit code and --out, tensorboard.sh's flags, and the
+PYTHON=... mode of run_demos.sh and test.sh (an existing interpreter, no .venv). No real demo run
+and no real TensorBoard: fake demo scripts and fake interpreters stand in, so each test takes
+seconds."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from common import tensorboard_compat
+from tests.conftest import ROOT
+from tests.kineto_builder import KinetoTrace, simulate_training, write_demo_run
+from tests.synthetic_traces import gpu_training_trace
+
+SCRIPT_TIMEOUT_S = 120  # each script here answers in seconds; this only stops a hang
+PROJECT_MODULES = ["torch", "torchvision", "numpy", "matplotlib", "tensorboard"]  # scripts/_venv.sh
+
+
+def load_run_demos():
+    """scripts/run_demos.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("run_demos", ROOT / "scripts" / "run_demos.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+# --- run_demos.py: exit code and --out, with fake demo scripts ---------------------------------
+# A fake demo script does what its name says, as a real one would be seen by run_demos.py:
+# "ok" leaves a fresh run (a copy of a prepared one, dated now), "fail" exits 1, "silent" exits 0
+# and writes nothing.
+FAKE_SCRIPT = """
+import json, shutil, sys
+from datetime import datetime, timezone
+from pathlib import Path
+behaviour, template = {behaviour!r}, Path({template!r})
+here = Path(__file__)
+if behaviour == "fail":
+    sys.exit(1)
+if behaviour == "ok":
+    out = Path(sys.argv[sys.argv.index("--out") + 1]) / here.parent.name / here.stem
+    shutil.copytree(template / here.parent.name / here.stem, out, dirs_exist_ok=True)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    (out / "summary.json").write_text(json.dumps(summary))
+"""
+
+
+def gpu_run(out: Path, demo: str, variant: str) -> None:
+    """A small finished run (GPU trace and summary, dated 2025) at out/<demo>/<variant>/."""
+    built = KinetoTrace()
+    built.gpu()
+    write_demo_run(out, demo, variant, simulate_training(built),
+                   samples_per_s=1000.0 if variant == "bad" else 2000.0, peak_memory_mb=100.0)
+
+
+@pytest.fixture
+def fake_demos(tmp_path, monkeypatch):
+    """run_demos.py with its demos in tmp_path/demos; add(name, bad=..., fixed=...) makes a pair.
+    The scripts run from tmp_path/root, standing in for the repository root (run_demos.ROOT), so
+    a run that got --out wrong writes there, not into the repository."""
+    run_demos = load_run_demos()
+    monkeypatch.setattr(run_demos, "DEMOS_DIR", tmp_path / "demos")
+    monkeypatch.setattr(run_demos, "ROOT", tmp_path / "root")
+    run_demos.ROOT.mkdir()
+    template = tmp_path / "template"
+
+    def add(name: str, bad: str = "ok", fixed: str = "ok") -> None:
+        for variant, behaviour in (("bad", bad), ("fixed", fixed)):
+            gpu_run(template, name, variant)
+            script = run_demos.DEMOS_DIR / name / f"{variant}.py"
+            script.parent.mkdir(parents=True, exist_ok=True)
+            script.write_text(FAKE_SCRIPT.format(behaviour=behaviour, template=str(template)))
+
+    return SimpleNamespace(main=run_demos.main, add=add, root=run_demos.ROOT,
+                           out=tmp_path / "out")
+
+
+def test_run_demos_exits_0_and_writes_out_relative_to_where_the_user_stands(
+        fake_demos, tmp_path, monkeypatch, capsys):
+    fake_demos.add("healthy")
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)  # the scripts run from the root; --out must not follow them there
+    assert fake_demos.main(["--out", "relative/out"]) == 0
+    printed = capsys.readouterr()
+    out = caller / "relative" / "out"
+    for variant in ("bad", "fixed"):
+        assert (out / "healthy" / variant / "summary.json").is_file()
+    assert (out / "REPORT.md").is_file() and (out / "report.html").is_file()
+    assert list(fake_demos.root.iterdir()) == []
+    assert "2.00x samples/s" in printed.out  # the comparison of this run's fresh summaries
+    assert "failed" not in printed.err
+
+
+def test_run_demos_exits_1_and_names_the_failed_script(fake_demos, capsys):
+    fake_demos.add("broken", fixed="fail")
+    fake_demos.add("healthy")
+    assert fake_demos.main(["--out", str(fake_demos.out)]) == 1
+    printed = capsys.readouterr()
+    assert one_line(printed.err) == "failed: broken/fixed"
+    assert "broken: no comparison (a run failed)" in printed.out
+    assert "2.00x samples/s" in printed.out  # the healthy pair is still compared
+
+
+def test_run_demos_exits_1_for_a_stale_pair(fake_demos, capsys):
+    """Scripts that exit 0 but write nothing leave last time's summaries: nothing to compare."""
+    fake_demos.add("stale", bad="silent", fixed="silent")
+    for variant in ("bad", "fixed"):
+        gpu_run(fake_demos.out, "stale", variant)  # an earlier run's, dated 2025
+    assert fake_demos.main(["--out", str(fake_demos.out)]) == 1
+    printed = capsys.readouterr()
+    assert one_line(printed.err) == "failed: stale (comparison)"
+    assert "stale: no comparison (bad/summary.json is from 2025-01-01" in printed.out
+
+
+def test_run_demos_unknown_demo_is_one_line_and_exit_code_2(fake_demos, capsys):
+    fake_demos.add("healthy")
+    with pytest.raises(SystemExit) as stopped:
+        fake_demos.main(["healthy", "nosuch"])
+    assert stopped.value.code == 2
+    assert one_line(capsys.readouterr().err) == (
+        "run_demos.sh: error: unknown demo 'nosuch'; choose from: healthy")
+
+
+# --- tensorboard.sh: flags, answered before any environment is made or checked --------------------
+# PYTHON names no program: if a flag were read after scripts/_venv.sh, the answer would be its
+# error, not the flag's, and no .venv can be created by accident.
+NO_PYTHON = dict(os.environ, PYTHON="/no/such/python")
+
+
+def tensorboard_sh(*args: str, env: dict = NO_PYTHON) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "scripts" / "tensorboard.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+
+
+def test_tensorboard_help():
+    result = tensorboard_sh("--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage: ./scripts/tensorboard.sh [--port N] [--logdir DIR]" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "0"], "error: --port needs a number from 1 to 65535"),
+    (["--port", "abc"], "error: --port needs a number from 1 to 65535"),
+    (["--port", "70000"], "error: --port needs a number from 1 to 65535"),
+    (["--port", "99999999999999999999"], "error: --port needs a number from 1 to 65535"),
+    (["--port"], "error: --port needs a number from 1 to 65535"),
+    (["--logdir", "/no/such/dir"], "error: --logdir needs an existing folder"),
+    (["--frobnicate"], "error: unknown argument '--frobnicate' (see --help)"),
+])
+def test_tensorboard_bad_flags_are_one_line_and_exit_code_2(args, message):
+    result = tensorboard_sh(*args)
+    assert result.returncode == 2
+    assert one_line(result.stderr) == message
+    assert result.stdout == ""
+
+
+def fake_interpreter(path: Path, body: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_tensorboard_passes_port_and_logdir_to_tensorboard(tmp_path):
+    """A fake PYTHON passes the module check (-c: prints nothing, exits 0), then prints the
+    command it was given instead of starting TensorBoard."""
+    python = fake_interpreter(tmp_path / "python", '[ "$1" = -c ] && exit 0\necho "ran: $*"')
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    result = tensorboard_sh("--port", "6123", "--logdir", str(logdir),
+                            env=dict(os.environ, PYTHON=str(python)))
+    assert result.returncode == 0, result.stderr
+    assert f"ran: -m tensorboard.main --logdir {logdir} --port 6123" in result.stdout
+    assert f"note: no traces under {logdir} yet" in result.stdout
+
+
+# --- PYTHON=... mode: an existing interpreter, used as it is -------------------------------------
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory) -> Path:
+    """The scripts, common/ and demos/ without a .venv: whatever a script creates shows here."""
+    copy = tmp_path_factory.mktemp("repo")
+    for folder in ("scripts", "common", "demos"):
+        shutil.copytree(ROOT / folder, copy / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def run_script(repo: Path, script: str, python: Path, *args: str,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHON"] = str(python)
+    return subprocess.run([str(repo / "scripts" / script), *args], env=env, cwd=cwd or repo,
+                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("script, missing", [
+    ("run_demos.sh", PROJECT_MODULES),
+    ("test.sh", PROJECT_MODULES + ["pytest"]),
+])
+def test_python_lacking_modules_is_one_line_naming_them_all(repo_copy, tmp_path, script, missing):
+    # -I -S: the real interpreter with the standard library only (no site-packages, no
+    # PYTHONPATH), so every third-party module is missing.
+    python = fake_interpreter(tmp_path / "python", f'exec "{sys.executable}" -I -S "$@"')
+    result = run_script(repo_copy, script, python)
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        f"error: PYTHON={python} lacks {', '.join(missing)}; install them with: {python} -m pip "
+        f"install {' '.join(missing)} (or unset PYTHON to use .venv)")
+    assert result.stdout == ""
+    assert not (repo_copy / ".venv").exists()
+
+
+def test_python_too_old_is_one_line(repo_copy, tmp_path):
+    # The real interpreter, saying it is 3.9 to the check it is given with -c.
+    pretend = ("import sys; code = sys.argv.pop(2); del sys.argv[1]; "
+               "sys.version_info = (3, 9, 18, 'final', 0); exec(code)")
+    python = fake_interpreter(tmp_path / "python",
+                              f'exec "{sys.executable}" -I -S -c "{pretend}" "$@"')
+    result = run_script(repo_copy, "run_demos.sh", python)
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        f"error: PYTHON={python} is Python 3.9; 3.10 or newer is needed")
+    assert not (repo_copy / ".venv").exists()
+
+
+def test_python_that_is_no_python_is_one_line(repo_copy):
+    result = run_script(repo_copy, "run_demos.sh", Path("/bin/false"))
+    assert result.returncode == 2
+    assert one_line(result.stderr) == "error: PYTHON=/bin/false did not run as a Python interpreter"
+
+
+@pytest.mark.parametrize("args, code, expected", [
+    (["--help"], 0, "usage: run_demos.sh"),
+    (["nosuch"], 2, "run_demos.sh: error: unknown demo 'nosuch'; choose from: "),
+])
+def test_python_without_the_project_installed_runs_from_anywhere(repo_copy, tmp_path, args,
+                                                                 code, expected):
+    """An interpreter that has the dependencies but not this project (no pip install -e): the
+    script puts the root on PYTHONPATH, and makes no .venv."""
+    # -S skips site-packages and its .pth files, the editable install's among them; this
+    # interpreter's path comes back through PYTHONPATH, after what the script puts there, less
+    # every entry `common` could be imported from.
+    dependencies = os.pathsep.join(
+        entry for entry in sys.path
+        if not (Path(entry or ".").resolve() / "common" / "__init__.py").is_file())
+    python = fake_interpreter(tmp_path / "python",
+                              f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{dependencies}" '
+                              f'exec "{sys.executable}" -S "$@"')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_script(repo_copy, "run_demos.sh", python, *args, cwd=elsewhere)
+    assert result.returncode == code, result.stderr
+    assert expected in (result.stdout if code == 0 else one_line(result.stderr))
+    assert "[setup]" not in result.stdout + result.stderr
+    assert not (repo_copy / ".venv").exists()
+
+
+def test_tensorboard_compat_without_orjson_writes_the_same_trace(tmp_path):
+    """orjson is optional (an existing environment may lack it): json writes the same trace."""
+    source = tmp_path / "gpu.pt.trace.json.gz"
+    source.write_bytes(gzip.compress(json.dumps(gpu_training_trace()).encode()))
+    with_orjson = tmp_path / "with_orjson" / source.name
+    tensorboard_compat.rewrite_file(source, with_orjson)
+    without = tmp_path / "without_orjson" / source.name
+    blocked = ("import sys; sys.modules['orjson'] = None\n"  # import orjson now raises ImportError
+               "from common import tensorboard_compat, trace\n"
+               "assert tensorboard_compat.orjson is None and trace.orjson is None\n"
+               "sys.exit(tensorboard_compat.main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", blocked, str(source), str(without)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr
+    written = json.loads(gzip.decompress(without.read_bytes()))
+    assert written == json.loads(gzip.decompress(with_orjson.read_bytes()))
+    assert written[tensorboard_compat.REWRITE_MARK_KEY]["renamed"]  # it did rewrite something
+
+
+def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
+    """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
+                             "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=SCRIPT_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "PytestUnknownMarkWarning" not in result.stdout + result.stderr
+    collected = {line for line in result.stdout.splitlines() if "::" in line}
+    demos = load_run_demos().available_demos()
+    assert demos and collected == {f"tests/test_cuda.py::test_pair_runs_on_the_gpu[{demo}]"
+                                   for demo in demos}
