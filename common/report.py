@@ -28,7 +28,8 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import analyze, compare, trace  # noqa: E402
+from common import analyze, compare, intervals, metrics, trace  # noqa: E402
+from common.trace_columns import DATALOADER_REGION  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_MD = "REPORT.md"
@@ -44,10 +45,10 @@ TIMELINE_MIN_GAP_SHARE = 1 / 4000
 ROLE_COLORS = {"kernel": "#2e7d32", "memcpy": "#f9a825", "memset": "#8d6e63",
                "runtime": "#6a1b9a", "dataloader": "#c62828", "cpu_exec": "#1565c0",
                "other": "#bdbdbd"}
-REGION_COLORS = {analyze.DATALOADER_REGION: "#c62828", "data": "#ef9a9a", "forward": "#1565c0",
+REGION_COLORS = {DATALOADER_REGION: "#c62828", "data": "#ef9a9a", "forward": "#1565c0",
                  "backward": "#64b5f6", "optimizer": "#6a1b9a"}
 VARIANT_COLORS = {"bad": "#c62828", "fixed": "#2e7d32"}
-TIMELINE_ROWS = ("data", analyze.DATALOADER_REGION, "forward", "backward", "optimizer")
+TIMELINE_ROWS = ("data", DATALOADER_REGION, "forward", "backward", "optimizer")
 
 
 @dataclass
@@ -73,7 +74,7 @@ def plot_step_breakdown(analyses: dict[str, analyze.Analysis], out_png: Path, ti
     table = np.array(rows)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(labels) + 2), 4.2))
     bottom = np.zeros(len(labels))
-    for index, role in enumerate(analyze.BREAKDOWN_ROLES):
+    for index, role in enumerate(metrics.BREAKDOWN_ROLES):
         if table[:, index].any():
             ax.bar(labels, table[:, index], bottom=bottom, color=ROLE_COLORS[role],
                    label=role.replace("_", " "))
@@ -84,17 +85,17 @@ def plot_step_breakdown(analyses: dict[str, analyze.Analysis], out_png: Path, ti
     return save(fig, out_png)
 
 
-def coalesce(spans: analyze.Spans, min_gap: float) -> analyze.Spans:
+def coalesce(spans: intervals.Spans, min_gap: float) -> intervals.Spans:
     """Merge intervals separated by less than min_gap (they would overlap on screen anyway)."""
-    merged = analyze.merge(analyze.Spans(spans.start, spans.end + min_gap))
-    return analyze.Spans(merged.start, merged.end - min_gap)
+    merged = intervals.merge(intervals.Spans(spans.start, spans.end + min_gap))
+    return intervals.Spans(merged.start, merged.end - min_gap)
 
 
 def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
     """One row per variant's CPU regions and, when the trace has GPU work, a GPU-busy row (union
     of kernels). Same time scale for every variant, from its first profiled step's start."""
-    longest_ms = max((a.window[1] - a.window[0]) / analyze.US_PER_MS for a in analyses.values())
-    min_gap = longest_ms * analyze.US_PER_MS * TIMELINE_MIN_GAP_SHARE
+    longest_ms = max((a.window[1] - a.window[0]) / metrics.US_PER_MS for a in analyses.values())
+    min_gap = longest_ms * metrics.US_PER_MS * TIMELINE_MIN_GAP_SHARE
     fig, axes = plt.subplots(len(analyses), 1, figsize=(11, 1.0 + 1.7 * len(analyses)),
                              squeeze=False)
     for ax, (variant, analysis) in zip(axes[:, 0], analyses.items()):
@@ -105,12 +106,12 @@ def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: s
         if has_gpu:
             rows.append(("GPU kernels", analysis.kernel_busy))
         for y, (name, spans) in enumerate(rows):
-            shown = coalesce(analyze.clip(analyze.merge(spans), *analysis.window), min_gap)
-            ax.broken_barh(list(zip((shown.start - origin) / analyze.US_PER_MS,
-                                    (shown.end - shown.start) / analyze.US_PER_MS)),
+            shown = coalesce(intervals.clip(intervals.merge(spans), *analysis.window), min_gap)
+            ax.broken_barh(list(zip((shown.start - origin) / metrics.US_PER_MS,
+                                    (shown.end - shown.start) / metrics.US_PER_MS)),
                            (y - 0.4, 0.8), color=REGION_COLORS.get(name, "#2e7d32"))
         for edge in np.r_[analysis.steps.start, analysis.steps.end[-1:]]:
-            ax.axvline((edge - origin) / analyze.US_PER_MS, color="#616161", lw=0.8, ls="--")
+            ax.axvline((edge - origin) / metrics.US_PER_MS, color="#616161", lw=0.8, ls="--")
         ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
         ax.set_ylim(max(len(rows), 1) - 0.4, -0.6)  # first row on top
         ax.set_xlim(0, longest_ms)
@@ -132,7 +133,7 @@ def plot_memory(analyses: dict[str, analyze.Analysis], out_png: Path, title: str
     for variant, analysis in analyses.items():
         if not analysis.memory_mb.size:
             continue
-        ms = (analysis.memory_ts - analysis.window[0]) / analyze.US_PER_MS
+        ms = (analysis.memory_ts - analysis.window[0]) / metrics.US_PER_MS
         device = "GPU" if analysis.result["gpu"] else "CPU"
         ax.step(ms, analysis.memory_mb, where="post", lw=1.2,
                 color=VARIANT_COLORS.get(variant),

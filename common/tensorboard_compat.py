@@ -23,7 +23,7 @@ Every event is kept, in order, with its name, times, ids and args; only "cat" ch
 regions (data, forward, backward, optimizer, Optimizer.step#...) stay user_annotation: the plugin
 ignores them, as its authors chose, so its CPU Exec / Other split is what it computes for any
 current trace. The file stays Chrome-trace JSON that Perfetto UI and chrome://tracing open (they
-show "cat" as a label), and our analyzer (common/analyze.py) finds spans by name in either
+show "cat" as a label), and our analyzer (common/trace_columns.py) finds spans by name in either
 vocabulary. The top-level key REWRITE_MARK_KEY says the file was rewritten and how many events
 each rename touched. Running the rewrite again changes nothing and leaves the file untouched.
 

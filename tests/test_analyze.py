@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from common import analyze, trace
+from common import analyze, metrics, trace
+from common.verdicts import HOST_SYNC_IDLE_MIN_PCT
 from tests.conftest import ROOT, read_summary
 from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FLASH_FP16_BWD,
                                   FP32_GEMM, H100_MEMORY_BYTES, H100_NAME, MIB, NVJET_FP16_GEMM,
@@ -58,6 +59,7 @@ EXPECTED_GPU = {
     "launches_per_step": 4 / 2,  # the pre-step launch is outside the steps
     "syncs_per_step": 1 / 2,
     "h2d_pct": 100 * 10 / WINDOW_US,
+    "h2d_exposed_pct": 100 * 10 / WINDOW_US,  # 60 .. 70: no kernel runs beside it
     "tensor_core_pct": 100 * (30 + 40.5) / 95.5,  # the bf16 xmma GEMM and the nvjet kernel
     "tensor_core_gemm_pct": 100 * (30 + 40.5) / (30 + 20 + 40.5),  # of the three GEMMs' time
     "gemm_pct": 100 * 90.5 / 95.5,
@@ -99,7 +101,7 @@ def test_step_breakdown_follows_the_plugin_priority(tmp_path, vocabulary):
     the DataLoader's and the step's category (an operator one in 2021 and after the rewrite),
     they are not CPU Exec."""
     analysis = analyze.analyze(hand_trace(vocabulary).write(tmp_path / "t.pt.trace.json"))
-    step_1 = dict(zip(analyze.BREAKDOWN_ROLES, analysis.breakdown_ms[0] * 1000))
+    step_1 = dict(zip(metrics.BREAKDOWN_ROLES, analysis.breakdown_ms[0] * 1000))
     expected = {"kernel": 35, "memcpy": 10, "memset": 0, "runtime": 5, "dataloader": 4,
                 "cpu_exec": 6, "other": 35}
     assert step_1 == pytest.approx(expected)
@@ -213,7 +215,7 @@ def test_tensor_core_names_across_generations():
                  "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x64",
                  "void cutlass::Kernel2<cutlass_80_wmma_tensorop_s161616gemm_f16_32x32_128x2_tn>",
                  "sm90_gemm_bf16_wgmma_kernel"):
-        assert analyze.uses_tensor_cores(name), name
+        assert metrics.uses_tensor_cores(name), name
     for name in (FP32_GEMM, "volta_sgemm_128x64_nn", "cutlass_80_simt_sgemm_128x64_8x5_nn_align1",
                  "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma",
                  "void cudnn::cnn::implicit_convolve_sgemm<float, float, 128, 6, 7, 3, 3, 5>",
@@ -222,7 +224,7 @@ def test_tensor_core_names_across_generations():
                  # cuBLAS's small-matrix kernel: a GEMM with a bf16 C++ type, on the CUDA cores
                  "void gemmSN_TN_kernel<float, 128, 16, 2, 4, 4, 4, true, cublasGemvTensorStrided"
                  "Batched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>>"):
-        assert not analyze.uses_tensor_cores(name), name
+        assert not metrics.uses_tensor_cores(name), name
 
 
 def test_nvjet_kernels_by_their_type_letters():
@@ -231,11 +233,11 @@ def test_nvjet_kernels_by_their_type_letters():
     for name in (NVJET_GEMM, NVJET_FP16_GEMM, NVJET_TF32_GEMM,
                  "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT",  # fp8 inputs
                  "nvjet_sm90_hss_320x128", "NVJET_TST_64X8_64X16_4X1_V_BZ_TNT"):
-        assert analyze.uses_tensor_cores(name), name
-        assert analyze.is_gemm(name.lower()), name
+        assert metrics.uses_tensor_cores(name), name
+        assert metrics.is_gemm(name.lower()), name
     for name in (NVJET_FP32_GEMM, "nvjet_sss_64x8_64x16_4x1_v_bz_splitK_TNT", "nvjet_sm90_sss"):
-        assert not analyze.uses_tensor_cores(name), name
-        assert analyze.is_gemm(name.lower()), name  # an FP32 GEMM: what fp32_matmul looks for
+        assert not metrics.uses_tensor_cores(name), name
+        assert metrics.is_gemm(name.lower()), name  # an FP32 GEMM: what fp32_matmul looks for
 
 
 def test_attention_kernels_with_a_16_bit_type_use_tensor_cores():
@@ -244,13 +246,13 @@ def test_attention_kernels_with_a_16_bit_type_use_tensor_cores():
                  "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90"
                  "<flash::CollectiveMainloopFwdSm90<2, cute::tuple<int, int, int>, 128, "
                  "cutlass::bfloat16_t, float, cutlass::arch::Sm90>>>>(...)"):
-        assert analyze.uses_tensor_cores(name), name
-        assert not analyze.is_gemm(name.lower()), name  # attention is not in the GEMM share
+        assert metrics.uses_tensor_cores(name), name
+        assert not metrics.is_gemm(name.lower()), name  # attention is not in the GEMM share
     for name in ("fmha_cutlassF_f32_aligned_64x64_rf_sm80",  # FP32 attention: not counted
                  "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)",  # no attention
                  "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_"
                  "kernel_traits<64, 128, 128, 8, 2, 4, 2, false, false, cutlass::half_t>>(...)"):
-        assert not analyze.uses_tensor_cores(name), name
+        assert not metrics.uses_tensor_cores(name), name
 
 
 @pytest.mark.parametrize("kernel_name, expected_pct, fp32_verdict", [
@@ -353,7 +355,7 @@ def test_one_sync_per_step_in_a_gpu_bound_loop_is_not_a_finding(tmp_path):
     built = gpu_trace(syncs_per_step=1, after_sync_us=20)
     result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
     assert result["gpu"]["syncs_per_step"] == 1.0
-    assert result["gpu"]["sync_idle_pct"] < analyze.HOST_SYNC_IDLE_MIN_PCT
+    assert result["gpu"]["sync_idle_pct"] < HOST_SYNC_IDLE_MIN_PCT
     assert result["findings"] == []
 
 
@@ -486,3 +488,26 @@ def test_dataloader_verdict_on_the_workers_pair_at_cpu_preset_sizes(workers_cpu_
     waits = {v: read_summary(workers_cpu_out, "dataloader_workers", v)["data_wait_pct"]
              for v in ("bad", "fixed")}
     assert 0 <= waits["fixed"] < waits["bad"]
+
+
+def test_a_copy_under_the_kernels_is_not_copy_bound(tmp_path):
+    """dataloader_workers/fixed on a GPU copies the next batch on a side stream while the step's
+    kernels run: the copy takes as long as before, but nothing waits for it. Only the copy time
+    with no kernel beside it counts for the h2d_copy verdict. Times in µs after T0."""
+    def one_step(copy_gpu_start: float, copy_stream: int) -> KinetoTrace:
+        t = KinetoTrace()
+        t.gpu()
+        t.step(1, T0, 1000)
+        t.launch(T0 + 10, 5, T0 + 100, 600, name=FP32_GEMM)  # the step's compute: 100 .. 700
+        t.stream = copy_stream
+        t.memcpy(T0 + 20, 5, T0 + copy_gpu_start, 300, kind="HtoD")
+        return t
+
+    hidden = analyze.analyze_trace(one_step(200, copy_stream=8).write(tmp_path / "h.json"))
+    exposed = analyze.analyze_trace(one_step(700, copy_stream=7).write(tmp_path / "e.json"))
+    for result in (hidden, exposed):
+        assert result["gpu"]["h2d_pct"] == pytest.approx(100 * 300 / result["window_ms"] / 1000)
+    assert hidden["gpu"]["h2d_exposed_pct"] == pytest.approx(0.0)
+    assert exposed["gpu"]["h2d_exposed_pct"] == pytest.approx(exposed["gpu"]["h2d_pct"])
+    assert "h2d_copy" not in {f["id"] for f in hidden["findings"]}
+    assert "h2d_copy" in {f["id"] for f in exposed["findings"]}

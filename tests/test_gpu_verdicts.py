@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import analyze
+from common import analyze, trace_columns, verdicts
 from tests.conftest import ROOT
 from tests.kineto_builder import BF16_GEMM, ELEMENTWISE, KinetoTrace, simulate_training
 
@@ -94,7 +94,7 @@ def test_a_linear_layers_batch_is_its_rows(tmp_path):
 
 @pytest.mark.parametrize("rows, verdict", [(63, "small_batch"), (64, "launch_overhead")])
 def test_the_batch_threshold_is_the_boundary(tmp_path, rows, verdict):
-    assert analyze.SMALL_BATCH_INPUT_BATCH_BELOW == 64
+    assert verdicts.SMALL_BATCH_INPUT_BATCH_BELOW == 64
     result = analysed(tmp_path, gpu_run([("aten::linear", [[rows, 256], [256, 256], [256]])],
                                         **UNDERFILLED_LAUNCH_BOUND))
     assert [f["id"] for f in result["findings"]] == [verdict]
@@ -155,7 +155,7 @@ def test_input_batch_is_the_median_over_the_window(tmp_path):
     ("aten::conv2d", [["8", 3, 32, 32]], None),  # not a shape
 ])
 def test_input_batch_of_one_call(name, dims, batch):
-    assert analyze.input_batch_of(name, dims) == batch
+    assert trace_columns.input_batch_of(name, dims) == batch
 
 
 def test_layer_ops_still_count_as_cpu_exec(tmp_path):

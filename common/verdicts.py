@@ -1,0 +1,210 @@
+"""The bottleneck verdicts: one small pure function per rule over the metrics, each finding with
+its evidence, the fix and the demo that shows it."""
+from __future__ import annotations
+
+from common.metrics import SHORT_KERNEL_US
+
+# --- Verdict thresholds. ----------------------------------------------------------------------
+DATALOADER_SHARE_MIN_PCT = 20.0  # % of the window; gpu-idle and fournex use 20 %
+SMALL_BATCH_UTILIZATION_MAX_PCT = 50.0  # % GPU utilization; peers' small-batch rule
+SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 25.0  # µs median kernel; peers' small-batch rule
+# Short kernels on an idle GPU come from a batch too small to fill them (small_batch) or from a
+# model of many small ops (launch_overhead); the timing is the same, the input shapes differ. Below
+# this batch (input_batch, from record_shapes) it is the batch: a Hopper tensor-core MMA takes 64
+# rows at a time (PTX ISA, wgmma.mma_async .m64nNk16), so with fewer even one tile of each GEMM
+# runs part empty. The small_batch demo's GPU batch is 8, the launch_overhead demo's 64.
+SMALL_BATCH_INPUT_BATCH_BELOW = 64  # samples (or rows) per forward conv/linear call
+# Launch overhead: most kernels are short (our reading of peers' "kernels < 10 µs": a majority)
+# and the CPU spends at least as long in launch calls as the GPU spends running kernels (peers).
+LAUNCH_SHORT_KERNEL_MIN_PCT = 50.0  # % of kernels shorter than SHORT_KERNEL_US
+LAUNCH_TO_KERNEL_TIME_MIN = 1.0  # launch-call time / kernel time, per step
+HOST_SYNC_PER_STEP_MIN = 1.0  # synchronize calls per step; peers' rule
+# Peers ask for "idle gaps after" the syncs without a number; 5 % of the window is our cut: it
+# stays silent on one .item() per step in a GPU-bound loop (a gap of tens of µs in a 30 ms step).
+HOST_SYNC_IDLE_MIN_PCT = 5.0
+# FP32 math: peers fire when tensor cores run 0 % while GEMMs are >= 20 % of kernel time. We fire
+# when GEMMs *not* on tensor cores are >= 20 % of kernel time: the same when no kernel uses them,
+# and still right when a few (say TF32 convolutions) do while the matmuls run in FP32.
+FP32_GEMM_MIN_PCT = 20.0  # % of kernel time
+ACTIVATION_MEMORY_MIN_PCT = 85.0  # peak allocated, % of the GPU's memory; peers' rule
+ACTIVATION_MEMORY_HIGH_PCT = 95.0  # % of the GPU: the next larger step is likely out of memory
+H2D_MIN_PCT = 10.0  # % of the window in host-to-device copies no kernel overlaps; peers' rule
+# Severity: "high" when a value is twice its threshold (half, for an upper limit). Our choice,
+# only to order the findings.
+SEVERITY_HIGH_FACTOR = 2.0
+
+
+# --- Verdicts: one small pure function per bottleneck. -----------------------------------------
+
+def severity(value: float, threshold: float, upper_limit: bool = False) -> str:
+    """"high" at SEVERITY_HIGH_FACTOR times the threshold (or a fraction of an upper limit)."""
+    if upper_limit:
+        return "high" if value <= threshold / SEVERITY_HIGH_FACTOR else "medium"
+    return "high" if value >= threshold * SEVERITY_HIGH_FACTOR else "medium"
+
+
+def finding(rule_id: str, level: str, evidence: str, fix: str, demo: str | None) -> dict:
+    return {"id": rule_id, "severity": level, "evidence": evidence, "fix": fix, "demo": demo}
+
+
+def rule_dataloader(m: dict) -> dict | None:
+    pct = m["dataloader_pct"]
+    if pct < DATALOADER_SHARE_MIN_PCT:
+        return None
+    return finding(
+        "dataloader", severity(pct, DATALOADER_SHARE_MIN_PCT),
+        f"data-loading bound: {pct:.0f} % of each step waits on the DataLoader "
+        f"(enumerate(DataLoader)#...__next__; rule: >= {DATALOADER_SHARE_MIN_PCT:.0f} %)",
+        "prepare batches in worker processes (DataLoader num_workers > 0, persistent_workers, "
+        "prefetch_factor); on a GPU also pin_memory=True and the copy on a side CUDA stream",
+        "dataloader_workers")
+
+
+def launch_to_kernel_ratio(gpu: dict) -> float | None:
+    """Launch-call time over kernel time per step when the run is launch bound (most kernels
+    short and the launches take at least as long as the kernels), else None."""
+    if not gpu or gpu["kernel_ms_per_step"] <= 0:
+        return None
+    ratio = gpu["launch_ms_per_step"] / gpu["kernel_ms_per_step"]
+    if gpu["short_kernel_pct"] < LAUNCH_SHORT_KERNEL_MIN_PCT or ratio < LAUNCH_TO_KERNEL_TIME_MIN:
+        return None
+    return ratio
+
+
+def gpu_underfilled(gpu: dict) -> bool:
+    """Low utilization with short kernels: the GPU has too little to do (peers' small-batch
+    rule)."""
+    return bool(gpu) and gpu["median_kernel_us"] is not None and (
+        gpu["utilization_pct"] < SMALL_BATCH_UTILIZATION_MAX_PCT
+        and gpu["median_kernel_us"] <= SMALL_BATCH_MEDIAN_KERNEL_MAX_US)
+
+
+def batch_is_small(m: dict) -> bool:
+    return m["input_batch"] is not None and m["input_batch"] < SMALL_BATCH_INPUT_BATCH_BELOW
+
+
+def rule_launch_overhead(m: dict) -> dict | None:
+    """Launch bound, unless the input shapes show a small batch (then rule_small_batch names it,
+    and points here as the fix for a batch that cannot grow)."""
+    gpu = m["gpu"]
+    ratio = launch_to_kernel_ratio(gpu)
+    if ratio is None or rule_small_batch(m):
+        return None
+    evidence = (
+        f"launch bound: {gpu['short_kernel_pct']:.0f} % of kernels run < {SHORT_KERNEL_US:.0f} us "
+        f"and the CPU spends {gpu['launch_ms_per_step']:.2f} ms/step in "
+        f"{gpu['launches_per_step']:.0f} launch calls for {gpu['kernel_ms_per_step']:.2f} ms of "
+        f"kernels ({ratio:.1f}x; rule: >= {LAUNCH_SHORT_KERNEL_MIN_PCT:.0f} % short and "
+        f">= {LAUNCH_TO_KERNEL_TIME_MIN:.0f}x)")
+    fix = ("launch fewer, larger kernels: torch.compile (fusion) and CUDA graphs "
+           "(mode=\"reduce-overhead\")")
+    if m["input_batch"] is not None:
+        evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs"
+                     + ("" if batch_is_small(m) else
+                        f", not small (>= {SMALL_BATCH_INPUT_BATCH_BELOW}): many small ops"))
+    elif gpu_underfilled(gpu):  # the timing fits a small batch as well: say both fixes
+        fix += ("; or, if the batch is small, a larger one (see demos/small_batch/): the trace "
+                "has no input shapes (record_shapes=True) to tell the two apart")
+    return finding("launch_overhead", severity(ratio, LAUNCH_TO_KERNEL_TIME_MIN), evidence, fix,
+                   "launch_overhead")
+
+
+def rule_host_sync(m: dict) -> dict | None:
+    gpu = m["gpu"]
+    if (not gpu or gpu["syncs_per_step"] < HOST_SYNC_PER_STEP_MIN
+            or gpu["sync_idle_pct"] < HOST_SYNC_IDLE_MIN_PCT):
+        return None
+    return finding(
+        "host_sync", severity(gpu["sync_idle_pct"], HOST_SYNC_IDLE_MIN_PCT),
+        f"host syncs: {gpu['syncs_per_step']:.1f} cuda*Synchronize calls per step, and the GPU "
+        f"idles {gpu['sync_idle_pct']:.0f} % of the window in the gaps they end in (rule: >= "
+        f"{HOST_SYNC_PER_STEP_MIN:.0f}/step and >= {HOST_SYNC_IDLE_MIN_PCT:.0f} %)",
+        "keep values on the GPU: no .item(), .cpu(), print(tensor) or `if tensor:` in the step; "
+        "accumulate metrics on the device and read them every N steps", "item_sync")
+
+
+def rule_small_batch(m: dict) -> dict | None:
+    """Low utilization with short kernels, when nothing else named explains the idle GPU. A
+    launch-bound run is a small batch's only when its input shapes show a small batch (a small
+    batch is launch bound too); otherwise rule_launch_overhead names it."""
+    gpu = m["gpu"]
+    if not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_sync(m):
+        return None
+    launch_ratio = launch_to_kernel_ratio(gpu)
+    if launch_ratio is not None and not batch_is_small(m):
+        return None
+    evidence = (
+        f"GPU under-filled: utilization {gpu['utilization_pct']:.0f} % with a median kernel of "
+        f"{gpu['median_kernel_us']:.1f} us (rule: < {SMALL_BATCH_UTILIZATION_MAX_PCT:.0f} % and "
+        f"<= {SMALL_BATCH_MEDIAN_KERNEL_MAX_US:.0f} us)")
+    fix = ("give each kernel more work: a larger batch (scale the learning rate with it), or "
+           "gradient accumulation if memory is the limit")
+    if batch_is_small(m):
+        evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs "
+                     f"(< {SMALL_BATCH_INPUT_BATCH_BELOW})")
+    elif m["input_batch"] is not None:  # the timing says under-filled, the shapes disagree
+        evidence += (f"; but batch {m['input_batch']:.0f} at the conv/linear inputs is not small "
+                     f"(>= {SMALL_BATCH_INPUT_BATCH_BELOW}): the short kernels may come from "
+                     f"other ops, where a larger batch helps less")
+    if launch_ratio is not None:
+        evidence += (f"; launch bound too, as a small batch is: {gpu['launch_ms_per_step']:.2f} "
+                     f"ms/step of launch calls for {gpu['kernel_ms_per_step']:.2f} ms of kernels "
+                     f"({launch_ratio:.1f}x)")
+        fix += ("; if the batch cannot grow, launch fewer kernels: torch.compile and CUDA graphs "
+                "(see demos/launch_overhead/)")
+    return finding(
+        "small_batch",
+        severity(gpu["utilization_pct"], SMALL_BATCH_UTILIZATION_MAX_PCT, upper_limit=True),
+        evidence, fix, "small_batch")
+
+
+def rule_fp32_matmul(m: dict) -> dict | None:
+    gpu = m["gpu"]
+    if not gpu or gpu["non_tensor_core_gemm_pct"] < FP32_GEMM_MIN_PCT:
+        return None
+    return finding(
+        "fp32_matmul", severity(gpu["non_tensor_core_gemm_pct"], FP32_GEMM_MIN_PCT),
+        f"FP32 math: GEMMs take {gpu['gemm_pct']:.0f} % of kernel time, "
+        f"{gpu['non_tensor_core_gemm_pct']:.0f} % of it without tensor cores (tensor-core share "
+        f"{gpu['tensor_core_pct']:.0f} %; rule: >= {FP32_GEMM_MIN_PCT:.0f} % off tensor cores)",
+        "run matmuls on tensor cores: torch.autocast(\"cuda\", dtype=torch.bfloat16), or at "
+        "least TF32 (torch.backends.cuda.matmul.allow_tf32 = True)", "mixed_precision")
+
+
+def rule_activation_memory(m: dict) -> dict | None:
+    if not m["gpu"] or m["peak_memory_mb"] is None or not m.get("device_memory_mb"):
+        return None
+    pct = 100.0 * m["peak_memory_mb"] / m["device_memory_mb"]
+    if pct < ACTIVATION_MEMORY_MIN_PCT:
+        return None
+    return finding(
+        "activation_memory", "high" if pct >= ACTIVATION_MEMORY_HIGH_PCT else "medium",
+        f"memory bound: peak allocated {m['peak_memory_mb']:.0f} MB is {pct:.0f} % of the GPU's "
+        f"{m['device_memory_mb']:.0f} MB (rule: >= {ACTIVATION_MEMORY_MIN_PCT:.0f} %)",
+        "recompute activations in the backward pass instead of keeping them: "
+        "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) per block",
+        "activation_checkpointing")
+
+
+def rule_h2d_copy(m: dict) -> dict | None:
+    gpu = m["gpu"]
+    if not gpu or gpu["h2d_exposed_pct"] < H2D_MIN_PCT:
+        return None
+    return finding(
+        "h2d_copy", severity(gpu["h2d_exposed_pct"], H2D_MIN_PCT),
+        f"copy bound: host-to-device copies with no kernel beside them take "
+        f"{gpu['h2d_exposed_pct']:.0f} % of the window (all copies: {gpu['h2d_pct']:.0f} %; "
+        f"rule: >= {H2D_MIN_PCT:.0f} % uncovered)",
+        "copy from pinned memory (DataLoader pin_memory=True) on a side CUDA stream one batch "
+        "ahead, so the copy runs under the previous step's kernels (non_blocking=True alone "
+        "still queues it behind them), copy less (uint8 images, normalise on the GPU), or keep "
+        "the data on the GPU", "dataloader_workers")
+
+
+RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,
+         rule_launch_overhead, rule_host_sync, rule_h2d_copy)
+
+
+def findings_for(metrics: dict) -> list[dict]:
+    found = [f for f in (rule(metrics) for rule in RULES) if f]
+    return sorted(found, key=lambda f: f["severity"] != "high")  # stable: rule order within a level
