@@ -164,6 +164,9 @@ ROWS = [
 # Rows shown as n/a rather than left out when neither summary has them: the harness's newer
 # fields, absent from older summaries (the reader learns the run predates them).
 ALWAYS_SHOWN_ROWS = ("data wait %", "profiled/timed step")
+# Rows with no fixed ÷ bad: a share of near-zero waits (0.03 % against 0.02 %) or a ratio of two
+# ratios reads as a change where there is none.
+NO_RATIO_ROWS = ("data wait %", "profiled/timed step")
 
 
 def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
@@ -175,7 +178,7 @@ def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
         if bad is None and fixed is None and label not in ALWAYS_SHOWN_ROWS:
             continue
         shown = ["n/a" if x is None else f"{x:{spec}}" for x in (bad, fixed)]
-        change = ratio(fixed, bad)
+        change = None if label in NO_RATIO_ROWS else ratio(fixed, bad)
         rows.append((label, *shown, "" if change is None else f"{change:.2f}x"))
     verdicts = [", ".join(f["id"] for f in comparison[v]["analysis"]["findings"]) or "none"
                 for v in VARIANTS]

@@ -41,11 +41,11 @@ def assert_timing_is_consistent(summary: dict) -> None:
     steps_s = summary["steps"] * summary["step_ms_mean"] / 1000
     assert 0 < steps_s <= summary["timed_wall_s"] * (1 + 1e-9)  # 1e-9: the mean's rounding
     assert 0 < summary["step_ms_p50"] <= summary["step_ms_p95"]
-    # The profiled steps' time beside the timed ones, and the warning when they differ much.
+    # The profiled steps' time beside the timed ones (compare and the report warn above
+    # trace.PROFILER_OVERHEAD_WARN_RATIO; tests/test_compare.py checks that).
     assert summary["profiler_overhead_ratio"] == pytest.approx(
         summary["profiled_step_ms_p50"] / summary["step_ms_p50"])
-    warned = any("the recorded steps ran" in note for note in summary["notes"])
-    assert warned == (summary["profiler_overhead_ratio"] > trace.PROFILER_OVERHEAD_WARN_RATIO)
+    assert summary["profiled_step_ms_p50"] > 0
 
 
 # --- TensorBoard's PyTorch Profiler plugin, end to end (test_tensorboard.py, test_browser.py) ---

@@ -224,8 +224,8 @@ def test_data_wait_and_profiler_overhead_rows_and_warning(synthetic_pairs_out, t
     assert compare.main([str(demo_dir)]) == 0
     out = capsys.readouterr().out
     rows = text_rows(out)
-    assert rows["data wait %"] == ["42.5", "3.0", "0.07x"]
-    assert rows["profiled/timed step"][:2] == ["1.10", "1.60"]
+    assert rows["data wait %"] == ["42.5", "3.0"]  # no fixed/bad: NO_RATIO_ROWS
+    assert rows["profiled/timed step"] == ["1.10", "1.60"]
     warnings = [line.strip() for line in out.splitlines() if line.startswith("  warning: ")]
     assert warnings == ["warning: fixed: profiled steps ran 1.60x the timed step p50 (warn above "
                         "1.2x): the trace exaggerates CPU time; trust samples/s"]
