@@ -463,8 +463,14 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     if run.is_cuda:
         # Profiling CUDA graphs (torch.compile mode="reduce-overhead") can crash or lose the
         # replayed kernels unless the profiler was initialised before the first capture
-        # (PyTorch issue 75504, Kineto issue 1165): this is PyTorch's own workaround.
-        torch.profiler._utils._init_for_cuda_graphs()
+        # (PyTorch issue 75504, Kineto issue 1165): this is PyTorch's own workaround. It is a
+        # private function; should a torch release drop it, say so rather than crash.
+        init_for_cuda_graphs = getattr(torch.profiler._utils, "_init_for_cuda_graphs", None)
+        if init_for_cuda_graphs is None:
+            log(run, "note: this torch has no torch.profiler._utils._init_for_cuda_graphs; a CUDA "
+                     "graph's kernels may be missing from the trace")
+        else:
+            init_for_cuda_graphs()
     log(run, f"warm-up: {run.preset.warmup_steps} steps")
     warmup_started = time.perf_counter()
     step()  # the first step pays the one-time costs: torch.compile, cuDNN autotuning, allocations
