@@ -4,8 +4,10 @@ and a plain verdict per bottleneck, each pointing at the demo that fixes it.
     python -m common.analyze PATH [--json]
 
 PATH is a .pt.trace.json(.gz) file or a run directory (its newest trace). Imports no torch:
-parsing is orjson, interval work is numpy (sort, merge). The parts, in common/: trace_columns.py
-(reading a trace), intervals.py, metrics.py (the numbers and their definitions), verdicts.py.
+parsing is msgspec (typed and streamed; orjson or json where it is missing), interval work is
+numpy (sort, merge). The parts, in common/: trace_columns.py (reading a trace), intervals.py,
+metrics.py (the numbers and their definitions), syncs.py (where each host sync comes from),
+verdicts.py.
 """
 from __future__ import annotations
 
@@ -33,6 +35,20 @@ from common.trace_columns import read_trace
 from common.verdicts import findings_for
 
 CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 CPU, 1 CUDA
+# (PyTorch on ROCm calls its GPU "cuda" too: torch.device("cuda"), the same device type).
+# An AMD GPU: its runtime calls are HIP's (hipLaunchKernel, ...), or, in a trace without runtime
+# calls, its deviceProperties name says so ("AMD Instinct MI250X", "AMD Radeon Graphics"; Kineto on
+# ROCm writes warpSize 64 there, NVIDIA's is 32).
+AMD_DEVICE_MARKERS = ("AMD", "Radeon", "Instinct")
+
+
+def device_kind(columns, has_gpu: bool, gpu_props: dict) -> str:
+    """"rocm" (an AMD GPU), "cuda" (NVIDIA) or "cpu" (no GPU work in the trace)."""
+    if not has_gpu:
+        return "cpu"
+    name = str(gpu_props.get("name") or "") if isinstance(gpu_props, dict) else ""
+    amd = columns.hip_runtime or any(marker in name for marker in AMD_DEVICE_MARKERS)
+    return "rocm" if amd else "cuda"
 
 
 @dataclass
@@ -78,14 +94,14 @@ def analyze(path: Path) -> Analysis:
 
     metrics = {
         "trace": str(trace_path),
-        "device": "cuda" if has_gpu else "cpu",
+        "device": device_kind(columns, has_gpu, gpu_props),
         "gpu_name": gpu_props.get("name") if isinstance(gpu_props, dict) else None,
         "steps": int(n_steps),
         "step_ms": {"mean": float(step_ms.mean()), "p50": float(np.percentile(step_ms, 50)),
                     "p95": float(np.percentile(step_ms, 95))},
         "dataloader_pct": (100.0 * union_in(columns.dataloader, *window) / span
                            if span > 0 else 0.0),
-        "gpu": gpu_metrics(columns, window, n_steps, runtime_step) if has_gpu else None,
+        "gpu": gpu_metrics(columns, window, n_steps, runtime_step, host) if has_gpu else None,
         "peak_memory_mb": float(memory_mb.max()) if memory_mb.size else None,
         # Beyond the issue's list: the GPU's memory (for the activation-memory verdict), the
         # window and the plugin-style breakdown of an average step.
@@ -151,7 +167,10 @@ def format_human(result: dict) -> str:
                   f"(GEMMs {gpu['gemm_pct']:.0f} % of kernel time)",
                   f"host         {gpu['launches_per_step']:.0f} launches/step "
                   f"({gpu['launch_ms_per_step']:.2f} ms vs {gpu['kernel_ms_per_step']:.2f} ms of "
-                  f"kernels), {gpu['syncs_per_step']:.1f} syncs/step"]
+                  f"kernels), {gpu['syncs_per_step']:.1f} syncs/step"
+                  + (" ({value_read:.1f} value reads, {h2d_copy:.1f} in host-to-device copies, "
+                     "{other:.1f} other)".format(**gpu["syncs_by_cause_per_step"])
+                     if gpu["syncs_per_step"] else "")]
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
                       if ms >= 0.05)
     lines.append(f"breakdown    ms per step: {parts}")

@@ -7,6 +7,7 @@ import re
 import numpy as np
 
 from common.intervals import Spans, clip, concat, covering, merge, total, union_in
+from common.syncs import host_syncs, step_index, sync_metrics
 from common.trace_columns import TraceColumns
 
 # Definitions (sources in README.md, "Analyzing a trace"):
@@ -18,6 +19,8 @@ from common.trace_columns import TraceColumns
 #   idle         1 - union(kernels, memcpy, memset) / (last GPU end - first GPU start), whole
 #                trace (Holistic Trace Analysis temporal breakdown), on float timestamps.
 #   dataloader   union of enumerate(DataLoader)#...__next__ spans in the window / window.
+#   syncs        host syncs in the steps, each the cause of the operator that issued it, and the
+#                GPU idle in the gaps they return in (common/syncs.py).
 #   breakdown    each instant of a step goes to the first active of kernel > memcpy > memset >
 #                runtime > DataLoader > CPU Exec (operator spans only) > other (plugin Overview).
 
@@ -80,11 +83,7 @@ def host_steps(columns: TraceColumns) -> Spans:
 
 def runtime_step_index(columns: TraceColumns, steps: Spans) -> np.ndarray:
     """For each runtime call, the host step that wholly contains it (-1: none)."""
-    runtime = columns.runtime
-    index = np.searchsorted(steps.start, runtime.start, side="right") - 1
-    inside = index >= 0
-    inside[inside] = runtime.end[inside] <= steps.end[index[inside]]
-    return np.where(inside, index, -1)
+    return step_index(steps, columns.runtime)
 
 
 def extend_steps(columns: TraceColumns, steps: Spans, runtime_step: np.ndarray) -> Spans:
@@ -174,25 +173,10 @@ def uses_tensor_cores(name: str) -> bool:
     return is_gemm(lowered) and any(kind in lowered for kind in TENSOR_CORE_TYPES)
 
 
-def sync_idle_us(sync_ends: np.ndarray, busy: Spans, low: float, high: float) -> float:
-    """GPU idle time in the gaps that a synchronize call returns in: the GPU drained its queue
-    for the host, and waits until the host launches again. Each gap counts once."""
-    ends = sync_ends[(sync_ends >= low) & (sync_ends <= high)]
-    if not ends.size:
-        return 0.0
-    # Gap k runs from the end of busy interval k-1 (or `low`) to the start of busy interval k (or
-    # `high`); k = how many busy intervals start at or before the sync's end.
-    gap_start = np.r_[low, busy.end]
-    gap_end = np.r_[busy.start, high]
-    k = np.searchsorted(busy.start, ends, side="right")
-    gpu_busy = (k > 0) & (ends < gap_start[k])
-    gaps = np.unique(k[~gpu_busy])
-    lengths = np.minimum(gap_end[gaps], high) - np.maximum(gap_start[gaps], low)
-    return float(lengths.clip(min=0).sum())
-
-
 def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,
-                runtime_step: np.ndarray) -> dict:
+                runtime_step: np.ndarray, steps: Spans | None = None) -> dict:
+    """`steps`: the host steps (ProfilerStep#N, or the whole trace), for the syncs recorded only as
+    cuda_sync events; without them those count where they lie in the window."""
     low, high = window
     span = high - low
     kernels = columns.kernels
@@ -212,7 +196,9 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     first_gpu, last_gpu = float(busy.start[0]), float(busy.end[-1])
     gpu_span = last_gpu - first_gpu
     h2d = Spans(columns.memcpy.start[columns.memcpy_h2d], columns.memcpy.end[columns.memcpy_h2d])
-    sync_ends = columns.runtime.end[in_steps & columns.runtime_is_sync]
+    syncs = host_syncs(columns, steps if steps is not None else Spans(np.array([low]),
+                                                                      np.array([high])),
+                       runtime_step)
 
     def share(part: float, whole: float) -> float:
         return 100.0 * part / whole if whole > 0 else 0.0
@@ -228,7 +214,6 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "median_kernel_us": float(np.median(duration)) if duration.size else None,
         "short_kernel_pct": share(float((duration < SHORT_KERNEL_US).sum()), duration.size),
         "launches_per_step": float((in_steps & columns.runtime_is_launch).sum()) / n_steps,
-        "syncs_per_step": float(sync_ends.size) / n_steps,
         "h2d_pct": share(union_in(h2d, low, high), span),
         "h2d_exposed_pct": share(h2d_exposed, span),
         "tensor_core_pct": share(float(duration[tensor_core].sum()), kernel_time),
@@ -239,7 +224,8 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         # Beyond the issue's list: what the launch, sync and FP32 verdicts read.
         "kernel_ms_per_step": kernel_time / US_PER_MS / n_steps,
         "launch_ms_per_step": launch_time / US_PER_MS / n_steps,
-        "sync_idle_pct": share(sync_idle_us(sync_ends, busy, low, high), span),
         "gemm_pct": share(gemm_time, kernel_time),
         "non_tensor_core_gemm_pct": share(float(duration[gemm & ~tensor_core].sum()), kernel_time),
+        # syncs_per_step, syncs_by_cause_per_step, sync_idle_pct (and by cause), sync sources
+        **sync_metrics(syncs, busy, low, high, n_steps),
     }

@@ -7,11 +7,21 @@ import json
 import re
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Union
 
+try:  # msgspec decodes each event into a small typed object and skips every field the analyzer
+    import msgspec  # does not read: 3.6x faster than orjson's dicts, a third of the memory (README)
+except ImportError:  # pragma: no cover - a dependency; without it, orjson (or json): same results
+    msgspec = None
 try:  # orjson parses a 100 MB trace several times faster than json, into the same objects
     import orjson
 except ImportError:  # pragma: no cover - orjson is a dependency; json keeps a bare install working
     orjson = None
+try:  # ISA-L's inflate gunzips a trace about twice as fast as zlib, the same bytes (README)
+    from isal import isal_zlib as INFLATE
+except ImportError:  # pragma: no cover - a dependency; zlib where it is absent
+    INFLATE = zlib
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 BYTES_PER_MB = 1024 * 1024  # MiB, the unit torch.cuda.memory_summary uses
@@ -71,12 +81,28 @@ def read_bytes(path: Path) -> bytes:
         raise TraceError(f"{path}: cannot read ({error.strerror or error})") from None
     if not raw.strip():
         raise TraceError(f"{path}: empty file")
-    if raw.startswith(GZIP_MAGIC):
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as error:
-            raise TraceError(f"{path}: truncated or corrupt gzip ({error})") from None
-    return raw
+    return gunzip(path, raw) if raw.startswith(GZIP_MAGIC) else raw
+
+
+GZIP_WBITS = 31  # zlib's code for "a gzip header and trailer around the deflate stream"
+DEFLATE_RATIO_MAX = 1032  # deflate's best compression: a trailer claiming more is not a size
+
+
+def gunzip(path: Path, packed: bytes) -> bytes:
+    """The text of a gzip file, into one buffer of the size its trailer states (ISIZE, the length
+    mod 2**32): gzip.decompress grows its buffer and joins the parts, twice the text at its peak
+    (350 MB against 187 MB for a 170 MB trace here). Raises TraceError."""
+    size = int.from_bytes(packed[-4:], "little")
+    try:
+        if 0 < size <= len(packed) * DEFLATE_RATIO_MAX:
+            text = INFLATE.decompress(packed, GZIP_WBITS, size)
+            # zlib reads one gzip member; a file of several (cat a.gz b.gz) ends with the last
+            # member's size, which the first one's length seldom matches: gzip reads them all.
+            if len(text) % 2**32 == size:
+                return text
+        return gzip.decompress(packed)
+    except (EOFError, OSError, zlib.error, INFLATE.error) as error:
+        raise TraceError(f"{path}: truncated or corrupt gzip ({error})") from None
 
 
 def parse_json(text: bytes):
@@ -103,84 +129,255 @@ def parse_trace(path: Path, raw: bytes) -> dict:
 
 
 def load_trace(path: Path) -> dict:
-    """The trace's top-level object, checked to hold a non-empty traceEvents list.
-    Raises TraceError (one line: the file and the problem) for anything else."""
+    """The trace's top-level object, checked to hold a non-empty traceEvents list, every event a
+    dict with all its fields. Raises TraceError (one line: the file and the problem) for anything
+    else. The analyzer reads less, faster: event_pieces."""
     return parse_trace(path, read_bytes(path))
 
 
-# --- Reading a large trace a piece at a time. ----------------------------------------------------
-# orjson first parses a whole document into its own tree, then builds the Python objects: on a
-# 135 MB trace that peaks near 1.4 GB. Parsing the traceEvents array in pieces of about
-# CHUNK_BYTES bounds that to one piece's worth, and the analyzer keeps only numpy columns of each.
-CHUNK_BYTES = 4 * 1024 * 1024
+# --- What the analyzer reads of each event. ------------------------------------------------------
+# (attribute, JSON key, type, default). Every other field ("Call stack", "Input type", a kernel's
+# grid, block and occupancy, ...) is skipped by msgspec's decoder: no Python object is made for it.
+# A field that is absent, or null where null is allowed, reads as its default. Fields the
+# analyzer turns into numbers are typed; the others are Any (ROCm traces write "stream" as a
+# string, say), so an odd value there never sends a trace to the slower plain reader.
+ARG_FIELDS = (
+    ("correlation", "correlation", int, -1),  # CUPTI's id from a launch to its kernel or copy
+    ("external_id", "External id", Any, None),  # runtime call or kernel -> its cpu_op
+    # Operators' input shapes (record_shapes=True): left as its JSON text (msgspec.Raw) by the
+    # typed reader, 20 % faster on a trace with shapes; decoded() makes it a list where needed.
+    ("input_dims", "Input Dims", msgspec.Raw if msgspec else Any, None),
+    ("device", "device", Any, None),  # GPU events: where they ran
+    ("stream", "stream", Any, None),
+    ("total_allocated", "Total Allocated", int | float | None, None),  # [memory] events
+    ("device_type", "Device Type", int, -1),
+    ("bytes", "Bytes", Any, None),
+)
+EVENT_FIELDS = (  # and "ph", the phase: a class attribute of each typed event (PHASE_FIELDS)
+    ("cat", "cat", str | None, None),
+    ("name", "name", str, ""),
+    ("ts", "ts", float | None, None),  # µs; integers are taken as floats, as numpy takes them
+    ("dur", "dur", float | None, None),
+    ("pid", "pid", Any, None),
+    ("tid", "tid", Any, None),
+    ("id", "id", Any, None),  # flow events ("s", "f") pair up by it
+    ("args", "args", None, None),  # ARG_FIELDS; an absent or null args reads as all defaults
+)
+# Which fields each phase of event gets (Chrome's Trace Event Format). Every decoded field costs
+# time, in the decoder and again when the event is freed: decoding and freeing a 135 MB trace took
+# 0.52 s with every field on every phase, 0.41 s with these. Add a field where code reads it.
+PHASE_FIELDS = {
+    "X": tuple(attr for attr, *_ in EVENT_FIELDS),  # complete events: spans, every field above
+    "i": ("name", "ts", "args"),  # instant events: [memory] (Total Allocated, Device Type)
+}
+# The other phases (flows "s"/"f": a third of a Kineto trace's events, metadata "M", ...) are
+# decoded with no field (their "id", say, cost 0.07 s more in 135 MB): only their "ph" is known.
+OTHER_PHASES = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V",
+                "v", "R", "c", "(", ")")
+
+
+def typed_decoders():
+    """msgspec decoders: of a list of events (one Struct per phase, tagged by "ph", so msgspec
+    picks the Struct from the event; a phase outside the format is a ValidationError), and of
+    the top-level object (every value kept as its raw text: checks the JSON, makes no objects)."""
+    args_type = msgspec.defstruct("Args", [(attr, kind, msgspec.field(name=key, default=default))
+                                           for attr, key, kind, default in ARG_FIELDS],
+                                  gc=False, frozen=True)
+    no_args = args_type()
+    fields = {attr: (attr, args_type if attr == "args" else kind,
+                     msgspec.field(name=key, default=no_args if attr == "args" else default))
+              for attr, key, kind, default in EVENT_FIELDS}
+    # gc=False: the collector need not track millions of events that hold no cycles.
+    kinds = tuple(msgspec.defstruct(f"Event{ord(phase)}",
+                                    [fields[attr] for attr in PHASE_FIELDS.get(phase, ())],
+                                    namespace={"ph": phase}, tag_field="ph", tag=phase, gc=False)
+                  for phase in (*PHASE_FIELDS, *OTHER_PHASES))
+    return (msgspec.json.Decoder(list[Union[kinds]]),
+            msgspec.json.Decoder(dict[str, msgspec.Raw]))
+
+
+EVENTS_DECODER, TOP_DECODER = typed_decoders() if msgspec else (None, None)
+
+
+def decoded(value):
+    """A field left as JSON text by the typed reader (msgspec.Raw), as Python objects."""
+    return msgspec.json.decode(value) if msgspec and isinstance(value, msgspec.Raw) else value
+
+
+NO_PLAIN_ARGS = SimpleNamespace(**{attr: default for attr, _, _, default in ARG_FIELDS})
+
+
+def plain_event(event: dict) -> SimpleNamespace:
+    """An event parsed as a dict, with the typed event's attributes (absent ones: the default)."""
+    fields = {attr: event.get(key, default) for attr, key, _, default in EVENT_FIELDS}
+    args = fields["args"]
+    fields["args"] = (SimpleNamespace(**{attr: args.get(key, default)
+                                         for attr, key, _, default in ARG_FIELDS})
+                      if isinstance(args, dict) else NO_PLAIN_ARGS)
+    return SimpleNamespace(ph=event.get("ph"), **fields)
+
+
+# --- Reading traceEvents a piece at a time, as the file streams in. -------------------------------
+# The typed reader reads the file once, in chunks (gzip inflated as it comes), and decodes
+# traceEvents in pieces of about CHUNK_BYTES cut between two events: neither the whole text nor
+# every event exists at once; the analyzer keeps numpy columns of each piece. Keys may come before
+# traceEvents (read first) or after it (read with the last piece), as real Kineto traces have them
+# ("traceName", "displayTimeUnit", "baseTimeNanoseconds", ...). Inflating in a second thread did
+# not overlap the decoding (zlib takes the GIL back for every block of output): no gain, so no
+# thread.
+CHUNK_BYTES = 2 * 1024 * 1024
+GZIP_READ_BYTES = 1024 * 1024  # compressed bytes read at a time
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 EVENT_GAP = re.compile(rb"\}\s*,\s*\{")  # between two events: "}," then "{"
-NOT_SPACE = re.compile(rb"\S")
-ARRAY_END_TRIES = 64  # "]" characters tried, from the file's end, as the end of traceEvents
+KEY_SEARCH_OVERLAP = 1024  # bytes searched again for EVENTS_KEY when a chunk is added
+FAILED_CUTS_MAX = 8  # cuts that fell inside strings before the reader stops cutting a piece
+EVENT_BYTES = 200  # a Kineto event's JSON text, about: the plain reader's pieces are events
 
 
-class SplitFailed(Exception):
-    """A piece of traceEvents did not parse alone: the split point was not between two events
-    (say "},{" inside a string). Read the trace whole instead (load_trace)."""
+class ReadAsDicts(Exception):
+    """The typed reader cannot take this file: an event of a shape msgspec's Structs do not take
+    (a field of another type, say a string "dur", or a phase outside the Trace Event Format), or
+    a file that is not a trace. plain_pieces reads it as dicts, or says what is wrong with it."""
 
 
 def event_pieces(path: Path, chunk_bytes: int | None = None):
-    """(the top-level object without its events, an iterator over lists of events).
-
-    The events come a piece at a time where the file splits cleanly between events (every
-    trace torch.profiler or json.dumps writes); otherwise, and for bad input, it is the whole
-    list in one piece, from load_trace (same errors). The iterator raises SplitFailed if a
-    piece turns out not to parse: the caller then starts over with load_trace."""
-    raw = read_bytes(path)
-    plan = split_plan(raw, chunk_bytes or CHUNK_BYTES)
-    if plan is None:
-        data = parse_trace(path, raw)
-        events = data.pop("traceEvents")
-        return data, iter([events])
-    top, ranges = plan
-    return top, parse_pieces(raw, ranges)
+    """(the top-level object without traceEvents, an iterator over lists of events). Each event
+    has ph and the attributes of EVENT_FIELDS, its args those of ARG_FIELDS. With msgspec the
+    file streams in (typed_pieces); keys after traceEvents join the top-level object when the
+    iterator ends, and it raises ReadAsDicts where msgspec cannot take the file: read it with
+    plain_pieces(path, read_bytes(path)) then. Without msgspec: plain_pieces, which raises
+    TraceError (load_trace's messages) for what is not a trace."""
+    if msgspec is None:
+        return plain_pieces(path, read_bytes(path), chunk_bytes)
+    return typed_pieces(path, chunk_bytes or CHUNK_BYTES)
 
 
-def parse_pieces(raw: bytes, ranges: list[tuple[int, int]]):
-    for start, end in ranges:
+def text_chunks(path: Path, chunk_bytes: int):
+    """The file's text in chunks of up to chunk_bytes, inflated as it is read if it is gzip."""
+    try:
+        handle = open(path, "rb")
+    except OSError:
+        raise ReadAsDicts("cannot open") from None
+    with handle:
+        data = handle.read(GZIP_READ_BYTES)
+        if not data.startswith(GZIP_MAGIC):
+            while data:
+                yield data
+                data = handle.read(chunk_bytes)
+            return
         try:
-            events = parse_json(b"[" + raw[start:end] + b"]")
-        except ValueError:
-            raise SplitFailed from None
-        yield events
+            inflater = INFLATE.decompressobj(GZIP_WBITS)
+            while True:
+                if not data:
+                    data = handle.read(GZIP_READ_BYTES)
+                    if not data:
+                        break
+                if inflater.eof:  # what follows a gzip member: another member, or zero padding
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        continue
+                    inflater = INFLATE.decompressobj(GZIP_WBITS)
+                text = inflater.decompress(data, chunk_bytes)
+                data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+                if text:
+                    yield text
+        except (zlib.error, INFLATE.error) as error:
+            raise ReadAsDicts(f"gzip: {error}") from None
+        if not inflater.eof:
+            raise ReadAsDicts("gzip: the file ends inside the compressed stream")
 
 
-def split_plan(raw: bytes, chunk_bytes: int) -> tuple[dict, list[tuple[int, int]]] | None:
-    """Byte ranges of traceEvents pieces, each a run of whole events, and the rest of the
-    document parsed; None when the file is not a plain {"traceEvents": [...]} object."""
-    found = EVENTS_KEY.search(raw)
-    if not found:
-        return None
-    start = found.end()
-    head = raw[:start]
-    end, top = None, None
-    for _ in range(ARRAY_END_TRIES):  # the array's "]": the last one that leaves valid JSON
-        end = raw.rfind(b"]", start, end)
-        if end < 0:
-            return None
-        try:
-            top = parse_json(head + raw[end:])
-        except ValueError:
+def typed_pieces(path: Path, chunk_bytes: int):
+    """event_pieces with msgspec. The top-level object's keys before traceEvents are read before
+    this returns; raises ReadAsDicts where there is no top-level traceEvents array."""
+    chunks = text_chunks(path, chunk_bytes)
+    text, search_from = b"", 0
+    while True:  # the text up to the "[" of traceEvents, where that is a top-level key
+        found = EVENTS_KEY.search(text, search_from)
+        if found is None:
+            chunk = next(chunks, None)
+            if chunk is None:
+                raise ReadAsDicts("no top-level traceEvents")
+            search_from = max(search_from, len(text) - KEY_SEARCH_OVERLAP)
+            text += chunk
+            continue
+        try:  # the keys before it, and "traceEvents": [] : valid only if it is a top-level key
+            head = TOP_DECODER.decode(text[:found.end()] + b"]}")
+        except msgspec.DecodeError:  # inside a string, or a nested object: look further
+            search_from = found.start() + 1
             continue
         break
-    if (not isinstance(top, dict) or top.get("traceEvents") != []
-            or not NOT_SPACE.search(raw, start, end)):
-        return None  # not a trace, or an empty one: load_trace says what is wrong
-    del top["traceEvents"]
-    ranges, position = [], start
-    while position < end:
-        gap = EVENT_GAP.search(raw, min(position + chunk_bytes, end), end)
-        if gap is None:
-            ranges.append((position, end))
-            break
-        ranges.append((position, gap.start() + 1))
-        position = gap.end() - 1
-    return top, ranges
+    del head["traceEvents"]
+    top = {key: msgspec.json.decode(value) for key, value in head.items()}
+    return top, typed_piece_iter(chunks, text[found.end():], top, chunk_bytes)
+
+
+def typed_piece_iter(chunks, text: bytes, top: dict, chunk_bytes: int):
+    """Yields the events a piece at a time; `text` starts after traceEvents' "[". The last
+    piece is decoded with what follows the array, whose keys go into `top`."""
+    try:
+        ended, count = False, 0
+        while True:
+            while not ended and len(text) < 2 * chunk_bytes:
+                chunk = next(chunks, None)
+                ended = chunk is None
+                text += chunk or b""
+            events, cut_from, failed = None, chunk_bytes, 0
+            while failed < FAILED_CUTS_MAX:
+                gap = EVENT_GAP.search(text, min(cut_from, len(text)))
+                if gap is None:
+                    if ended:
+                        break
+                    chunk = next(chunks, None)
+                    ended = chunk is None
+                    text += chunk or b""
+                    continue
+                try:
+                    events = EVENTS_DECODER.decode(b"[" + text[:gap.start() + 1] + b"]")
+                except msgspec.ValidationError as error:  # a subclass of DecodeError: first
+                    raise ReadAsDicts(str(error)) from None
+                except msgspec.DecodeError:
+                    # The cut fell inside a string ("},{" in a name) or after the array: such
+                    # a piece never parses (an unclosed string or bracket, or text after "]").
+                    cut_from, failed = gap.end(), failed + 1
+                    continue
+                break
+            if events is None:  # the rest of the file is the last piece (and what follows it)
+                yield last_piece(b"".join([text, *chunks]), top, count)
+                return
+            count += len(events)
+            text = text[gap.end() - 1:]  # from the next event's "{"
+            yield events
+    finally:  # the file is closed now, also when the reader stops early
+        chunks.close()
+
+
+def last_piece(text: bytes, top: dict, count: int) -> list:
+    """The events in `text` (the end of traceEvents and what follows it), its keys put in top."""
+    try:
+        rest = TOP_DECODER.decode(b'{"traceEvents":[' + text)
+        events = EVENTS_DECODER.decode(rest.pop("traceEvents"))
+    except msgspec.DecodeError as error:  # ValidationError too
+        raise ReadAsDicts(str(error)) from None
+    if not count + len(events) or top.keys() & rest.keys():  # none, or a key written twice
+        raise ReadAsDicts("no events, or a repeated key")
+    top.update((key, msgspec.json.decode(value)) for key, value in rest.items())
+    return events
+
+
+def plain_pieces(path: Path, raw: bytes, chunk_bytes: int | None = None):
+    """event_pieces where msgspec is absent or refused an event: the whole text parsed into dicts
+    (orjson or json), made into plain events a piece (about chunk_bytes of text) at a time."""
+    data = parse_trace(path, raw)
+    size = max(1, (chunk_bytes or CHUNK_BYTES) // EVENT_BYTES)
+    return data, plain_piece_iter(data.pop("traceEvents"), size)
+
+
+def plain_piece_iter(events: list, size: int):
+    while events:
+        piece = events[:size]
+        del events[:size]  # the dicts go as their plain copies come
+        yield [plain_event(event) for event in piece]
 
 
 def peak_allocated_mb(events: list[dict], device_type: int) -> float | None:

@@ -22,6 +22,9 @@ HOST_SYNC_PER_STEP_MIN = 1.0  # synchronize calls per step; peers' rule
 # Peers ask for "idle gaps after" the syncs without a number; 5 % of the window is our cut: it
 # stays silent on one .item() per step in a GPU-bound loop (a gap of tens of µs in a 30 ms step).
 HOST_SYNC_IDLE_MIN_PCT = 5.0
+# Syncs are read by cause (metrics.SYNC_CAUSES): value reads and the rest are host_sync's; syncs
+# inside host-to-device copies are h2d_copy's (same two thresholds), whose fix is pinned memory.
+HOST_SYNC_CAUSES = ("value_read", "other")
 # FP32 math: peers fire when tensor cores run 0 % while GEMMs are >= 20 % of kernel time. We fire
 # when GEMMs *not* on tensor cores are >= 20 % of kernel time: the same when no kernel uses them,
 # and still right when a few (say TF32 convolutions) do while the matmuls run in FP32.
@@ -109,18 +112,38 @@ def rule_launch_overhead(m: dict) -> dict | None:
                    "launch_overhead")
 
 
+def sync_sources(gpu: dict, causes: tuple[str, ...]) -> str:
+    """"aten::copy_ (DtoH) 6.0/step, aten::_local_scalar_dense 4.0/step": the operators that
+    issued the syncs of these causes."""
+    return ", ".join(f"{source} {per_step:.1f}/step" for cause in causes
+                     for source, per_step in gpu["sync_sources_per_step"][cause].items())
+
+
 def rule_host_sync(m: dict) -> dict | None:
+    """Syncs that read a value or wait outright (not those of host-to-device copies: h2d_copy)."""
     gpu = m["gpu"]
-    if (not gpu or gpu["syncs_per_step"] < HOST_SYNC_PER_STEP_MIN
-            or gpu["sync_idle_pct"] < HOST_SYNC_IDLE_MIN_PCT):
+    if not gpu:
         return None
-    return finding(
-        "host_sync", severity(gpu["sync_idle_pct"], HOST_SYNC_IDLE_MIN_PCT),
-        f"host syncs: {gpu['syncs_per_step']:.1f} cuda*Synchronize calls per step, and the GPU "
-        f"idles {gpu['sync_idle_pct']:.0f} % of the window in the gaps they end in (rule: >= "
-        f"{HOST_SYNC_PER_STEP_MIN:.0f}/step and >= {HOST_SYNC_IDLE_MIN_PCT:.0f} %)",
-        "keep values on the GPU: no .item(), .cpu(), print(tensor) or `if tensor:` in the step; "
-        "accumulate metrics on the device and read them every N steps", "item_sync")
+    per_step = sum(gpu["syncs_by_cause_per_step"][cause] for cause in HOST_SYNC_CAUSES)
+    idle = gpu["sync_idle_pct_by_cause"]
+    idle_pct = sum(idle[cause] for cause in HOST_SYNC_CAUSES)
+    if per_step < HOST_SYNC_PER_STEP_MIN or idle_pct < HOST_SYNC_IDLE_MIN_PCT:
+        return None
+    reads = gpu["syncs_by_cause_per_step"]["value_read"]
+    evidence = (
+        f"host syncs: {per_step:.1f} per step ({reads:.1f} read a value from the GPU; issued by "
+        f"{sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.0f} % of the "
+        f"window in the gaps they end in (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and >= "
+        f"{HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
+    if idle["value_read"] >= idle["other"]:  # the reads cost the most: name them
+        fix = ("keep values on the GPU: no .item(), .cpu(), print(tensor) or `if tensor:` in the "
+               "step; accumulate metrics on the device and read them every N steps")
+    else:
+        fix = ("find the call that waits: torch.cuda.set_sync_debug_mode(\"warn\") names the "
+               "Python line of each syncing operation; a torch.cuda.synchronize() belongs only "
+               "around a timer, not in every step")
+    return finding("host_sync", severity(idle_pct, HOST_SYNC_IDLE_MIN_PCT), evidence, fix,
+                   "item_sync")
 
 
 def rule_small_batch(m: dict) -> dict | None:
@@ -187,18 +210,44 @@ def rule_activation_memory(m: dict) -> dict | None:
 
 
 def rule_h2d_copy(m: dict) -> dict | None:
+    """Host-to-device copies that the step waits for: copy time with no kernel beside it, or
+    syncs inside the copies (from pageable memory, or blocking) with the GPU idle after them."""
     gpu = m["gpu"]
-    if not gpu or gpu["h2d_exposed_pct"] < H2D_MIN_PCT:
+    if not gpu:
         return None
-    return finding(
-        "h2d_copy", severity(gpu["h2d_exposed_pct"], H2D_MIN_PCT),
-        f"copy bound: host-to-device copies with no kernel beside them take "
-        f"{gpu['h2d_exposed_pct']:.0f} % of the window (all copies: {gpu['h2d_pct']:.0f} %; "
-        f"rule: >= {H2D_MIN_PCT:.0f} % uncovered)",
-        "copy from pinned memory (DataLoader pin_memory=True) on a side CUDA stream one batch "
-        "ahead, so the copy runs under the previous step's kernels (non_blocking=True alone "
-        "still queues it behind them), copy less (uint8 images, normalise on the GPU), or keep "
-        "the data on the GPU", "dataloader_workers")
+    exposed = gpu["h2d_exposed_pct"]
+    syncs = gpu["syncs_by_cause_per_step"]["h2d_copy"]
+    sync_idle = gpu["sync_idle_pct_by_cause"]["h2d_copy"]
+    copy_bound = exposed >= H2D_MIN_PCT
+    waits = syncs >= HOST_SYNC_PER_STEP_MIN and sync_idle >= HOST_SYNC_IDLE_MIN_PCT
+    if not copy_bound and not waits:
+        return None
+    evidence, levels = [], []
+    if copy_bound:
+        evidence.append(
+            f"copy bound: host-to-device copies with no kernel beside them take {exposed:.0f} % "
+            f"of the window (all copies: {gpu['h2d_pct']:.0f} %; rule: >= {H2D_MIN_PCT:.0f} % "
+            f"uncovered)")
+        levels.append(severity(exposed, H2D_MIN_PCT))
+    if waits:
+        evidence.append(
+            f"the host waits for the GPU in {syncs:.1f} host-to-device copies per step "
+            f"({sync_sources(gpu, ('h2d_copy',))}), and the GPU idles {sync_idle:.0f} % of the "
+            f"window in the gaps they end in (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and "
+            f">= {HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
+        levels.append(severity(sync_idle, HOST_SYNC_IDLE_MIN_PCT))
+    fixes = []
+    if waits:
+        fixes.append("pin the source (DataLoader pin_memory=True, or tensor.pin_memory()) and copy "
+                     "with .to(device, non_blocking=True): a copy from pageable memory, or a "
+                     "blocking one, makes the host wait for the GPU")
+    if copy_bound:
+        fixes.append("copy from pinned memory (DataLoader pin_memory=True) on a side CUDA stream "
+                     "one batch ahead, so the copy runs under the previous step's kernels "
+                     "(non_blocking=True alone still queues it behind them), copy less (uint8 "
+                     "images, normalise on the GPU), or keep the data on the GPU")
+    return finding("h2d_copy", "high" if "high" in levels else "medium", "; ".join(evidence),
+                   "; ".join(fixes), "dataloader_workers")
 
 
 RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,

@@ -93,8 +93,9 @@ class KinetoTrace:
     def annotation(self, name: str, ts: float, dur: float) -> None:
         self.span("annotation", name, ts, dur)
 
-    def op(self, name: str, ts: float, dur: float) -> None:
-        self.span("op", name, ts, dur)
+    def op(self, name: str, ts: float, dur: float, tid=None) -> None:
+        """An operator span; `tid`: another CPU thread (autograd's backward thread, say)."""
+        self.span("op", name, ts, dur, tid=tid)
 
     def python(self, name: str, ts: float, dur: float) -> None:
         """A Python function span (with_stack=True), e.g. "nn.Module: Linear_0"."""
@@ -104,10 +105,10 @@ class KinetoTrace:
         self.span("dataloader", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts,
                   dur)
 
-    def runtime(self, name: str, ts: float, dur: float, role: str = "runtime") -> int:
+    def runtime(self, name: str, ts: float, dur: float, role: str = "runtime", tid=None) -> int:
         correlation = self.next_correlation
         self.next_correlation += 1
-        self.span(role, name, ts, dur, correlation=correlation)
+        self.span(role, name, ts, dur, tid=tid, correlation=correlation)
         return correlation
 
     def gpu_event(self, role: str, name: str, ts: float, dur: float, correlation: int,
@@ -128,12 +129,25 @@ class KinetoTrace:
         return correlation
 
     def memcpy(self, ts: float, dur: float, gpu_ts: float, gpu_dur: float,
-               kind: str = "HtoD") -> None:
-        correlation = self.runtime("cudaMemcpyAsync", ts, dur)
-        source, target = {"HtoD": ("Pageable", "Device"), "DtoH": ("Device", "Pageable"),
+               kind: str = "HtoD", host_memory: str = "Pageable", api: str = "cudaMemcpyAsync",
+               tid=None) -> int:
+        """A copy: the runtime call `api` and the GPU's copy, named as Kineto names it; the host
+        side is `host_memory`: Pageable, Pinned, or Host (ROCm's word for either)."""
+        correlation = self.runtime(api, ts, dur, tid=tid)
+        source, target = {"HtoD": (host_memory, "Device"), "DtoH": ("Device", host_memory),
                           "DtoD": ("Device", "Device")}[kind]
         self.gpu_event("memcpy", f"Memcpy {kind} ({source} -> {target})", gpu_ts, gpu_dur,
                        correlation, ts)
+        return correlation
+
+    def cuda_sync(self, kind: str, ts: float, dur: float, correlation: int) -> None:
+        """A cuda_sync event (current Kineto): a sync recorded on the GPU's row, kind "Stream
+        Sync", "Event Sync", "Context Sync" or "Stream Wait Event", with the correlation id of
+        the runtime call that made it."""
+        self.events.append({"ph": "X", "cat": "cuda_sync", "name": kind, "pid": self.gpu_pid,
+                            "tid": self.stream, "ts": number(ts), "dur": number(dur),
+                            "args": {"cuda_sync_kind": kind, "stream": self.stream,
+                                     "correlation": correlation, "device": self.gpu_pid}})
 
     def memset(self, ts: float, dur: float, gpu_ts: float, gpu_dur: float) -> None:
         correlation = self.runtime("cudaMemsetAsync", ts, dur)

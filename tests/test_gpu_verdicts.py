@@ -169,20 +169,22 @@ def test_layer_ops_still_count_as_cpu_exec(tmp_path):
     assert result["input_batch"] == 8 and result["gpu"] is None and result["findings"] == []
 
 
-@pytest.mark.parametrize("name, batch, says", [
-    # one aten::linear in the steps, Input Dims [[5, 128], [128, 128], [128]]; GPU 1 % busy
-    ("mi250_rocm_3steps.json.gz", 5, "batch 5 at the conv/linear inputs (< 64)"),
+@pytest.mark.parametrize("name, batch, says, also", [
+    # one aten::linear in the steps, Input Dims [[5, 128], [128, 128], [128]]; GPU 1 % busy. Its
+    # two input copies are blocking hipMemcpyWithStream calls (syncs inside aten::copy_): the GPU
+    # idles 5.1 % of the window after them, so h2d_copy fires too (tests/test_real_traces.py)
+    ("mi250_rocm_3steps.json.gz", 5, "batch 5 at the conv/linear inputs (< 64)", ["h2d_copy"]),
     # ten aten::linear calls, all [[4096, 100], ...] or [[4096, 2798], ...]; GPU 32 % busy with
     # 4 µs kernels, not launch bound: the timing says under-filled, the evidence says the shapes
     # disagree
     ("a100_80gb_rank0_5steps.json.gz", 4096, "but batch 4096 at the conv/linear inputs is not "
-                                             "small"),
+                                             "small", []),
 ])
-def test_input_batch_of_real_traces(name, batch, says):
+def test_input_batch_of_real_traces(name, batch, says, also):
     path = SHARED_TRACES / name
     if not path.is_file():
         pytest.skip(f"{path} is not in this checkout")
     result = analyze.analyze_trace(path)
     assert result["input_batch"] == batch
-    assert [f["id"] for f in result["findings"]] == ["small_batch"]
+    assert [f["id"] for f in result["findings"]] == ["small_batch"] + also
     assert says in by_id(result)["small_batch"]["evidence"]

@@ -1,0 +1,289 @@
+"""The analyzer on the seven real traces in ../shared/traces (see its README): each one reads
+without error or warning, and its numbers agree with the same numbers worked out here from the raw
+events with plain Python (json, gzip, loops; no numpy, nothing from common/ but the analyzer under
+test). The hand rules, the same for every trace:
+
+- steps: ProfilerStep#N spans on the CPU (not their gpu_user_annotation copies); none: 1.
+- host steps: those spans; with none, the extent of the cpu_op events (the whole trace).
+- device: "cpu" without kernel, gpu_memcpy or gpu_memset events; "rocm" when a runtime call's
+  name starts with "hip"; else "cuda". gpu_name: deviceProperties[0]["name"].
+- launches/step: runtime calls named cudaLaunchKernel, cudaGraphLaunch, hipLaunchKernel or
+  hipExtModuleLaunchKernel (every launch name these traces hold, read off a name count) that lie
+  wholly inside a host step, ÷ steps. Exact.
+- kernels/step: kernels starting at or after the first GPU event launched (through its
+  correlation id) by a runtime call inside the first host step, ÷ steps. GPU work before that
+  was launched before the steps (in v100_nccl, 18 kernels and 36 copies launched before the
+  profiler recorded their launches). Every trace here ends with its last step's GPU work, so
+  none falls after the window. Exact.
+- syncs/step: runtime calls named cudaStreamSynchronize, cudaDeviceSynchronize,
+  hipDeviceSynchronize or hipMemcpyWithStream (every sync name these traces hold) wholly inside
+  a host step, ÷ steps. Exact.
+- syncs by cause: the innermost cpu_op event on the sync's (pid, tid) that holds it (latest
+  start, then shortest); aten::item or aten::_local_scalar_dense: a value read; aten::copy_: the
+  cudaMemcpy*/hipMemcpy* calls inside it on that thread, through their correlation id to the
+  gpu_memcpy event: "DtoH" in its name is a value read, "HtoD" an h2d copy; the rest other. Exact.
+- GPU idle % (Holistic Trace Analysis, temporal breakdown): 100 × (1 − |union of kernel,
+  gpu_memcpy and gpu_memset intervals| ÷ (last end − first start)), the union by sort and sweep
+  in floats. Within 1e-6 percentage points (the order of float additions differs).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from common import analyze
+from tests.conftest import ROOT
+
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+pytestmark = [
+    pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                       reason=f"{SHARED_TRACES} is missing: the real traces live beside the "
+                              f"repository, in the shared folder of this workplace"),
+    pytest.mark.filterwarnings("error"),  # a warning from our code fails the test
+]
+
+# What each file says, read by hand (deviceProperties, the ProfilerStep#N names, the runtime
+# names; the syncs by cause from the operators around each sync):
+# - a100_80gb: 75 cudaStreamSynchronize in the steps, all inside aten::copy_ <- aten::_to_copy
+#   <- aten::to: 45 with a Memcpy HtoD (Pageable -> Device), 30 with a Memcpy DtoH (Device ->
+#   Pageable); its one cudaDeviceSynchronize comes after the steps.
+# - a100_alexnet: no ProfilerStep; 16 cudaStreamSynchronize inside aten::copy_ with pageable
+#   HtoD copies, and 3 of its 5 cudaDeviceSynchronize inside the operators' extent, outside any
+#   operator (the other 2 come after the last operator). Its 41 cuda_sync events are these same
+#   21 syncs (one each, by correlation id) and 20 "Stream Wait Event"s: they add nothing.
+# - a100_nccl and v100_nccl: per 6 steps, 36 syncs in aten::copy_ with DtoH copies (.cpu()) and
+#   24 in aten::_local_scalar_dense (.item()).
+# - mi250: two ProfilerSteps (#1 holds the work, #2 is empty: the file name says 3), its two input
+#   copies each one blocking hipMemcpyWithStream inside aten::copy_ (Memcpy HtoD (Host ->
+#   Device)); its hipDeviceSynchronize comes after the steps.
+# - v100_instant_events: its one cudaDeviceSynchronize comes after the steps.
+EXPECTED = {
+    "a100_80gb_rank0_5steps.json.gz": {
+        "device": "cuda", "gpu_name": "NVIDIA A100-SXM4-80GB", "steps": 5,
+        "syncs_by_cause": {"value_read": 6.0, "h2d_copy": 9.0, "other": 0.0}},
+    "a100_alexnet_no_steps.json.gz": {
+        "device": "cuda", "gpu_name": "NVIDIA A100-PG509-200", "steps": 1,
+        "syncs_by_cause": {"value_read": 0.0, "h2d_copy": 16.0, "other": 3.0}},
+    "a100_nccl_rank3_6steps.json.gz": {
+        "device": "cuda", "gpu_name": "NVIDIA A100-PG509-200", "steps": 6,
+        "syncs_by_cause": {"value_read": 10.0, "h2d_copy": 0.0, "other": 0.0}},
+    "cpu_only_gloo_rank34.json.gz": {
+        "device": "cpu", "gpu_name": None, "steps": 1, "syncs_by_cause": None},
+    "mi250_rocm_3steps.json.gz": {
+        "device": "rocm", "gpu_name": "AMD Radeon Graphics", "steps": 2,
+        "syncs_by_cause": {"value_read": 0.0, "h2d_copy": 1.0, "other": 0.0}},
+    "v100_nccl_rank1_6steps.json.gz": {
+        "device": "cuda", "gpu_name": "Tesla V100-SXM2-16GB", "steps": 6,
+        "syncs_by_cause": {"value_read": 10.0, "h2d_copy": 0.0, "other": 0.0}},
+    "v100_rank1_instant_events_5steps.json.gz": {
+        "device": "cuda", "gpu_name": "Tesla V100-SXM2-32GB", "steps": 5,
+        "syncs_by_cause": {"value_read": 0.0, "h2d_copy": 0.0, "other": 0.0}},
+}
+NAMES = sorted(EXPECTED)
+
+RUNTIME = ("cuda_runtime", "cuda_driver")
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+HAND_LAUNCHES = ("cudaLaunchKernel", "cudaGraphLaunch", "hipLaunchKernel",
+                 "hipExtModuleLaunchKernel")
+HAND_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "hipDeviceSynchronize",
+              "hipMemcpyWithStream")
+IDLE_TOLERANCE_PCT = 1e-6
+
+
+def path_of(name: str) -> Path:
+    return SHARED_TRACES / name
+
+
+@cache
+def raw(name: str) -> tuple[dict, list[dict]]:
+    """(the top-level object, its complete "X" events), with json and gzip only."""
+    with gzip.open(path_of(name)) as stream:
+        top = json.load(stream)
+    return top, [e for e in top["traceEvents"] if e.get("ph") == "X"]
+
+
+@cache
+def cli_json(name: str) -> dict:
+    """What `python -m common.analyze PATH --json` prints (main() in this process)."""
+    import contextlib
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = analyze.main([str(path_of(name)), "--json"])
+    assert code == 0 and err.getvalue() == "", (name, code, err.getvalue())
+    return json.loads(out.getvalue())
+
+
+def start(e: dict) -> float:
+    return float(e["ts"])
+
+
+def end(e: dict) -> float:
+    return float(e["ts"]) + float(e.get("dur") or 0)
+
+
+def host_steps(events: list[dict]) -> list[tuple[float, float]]:
+    steps = sorted((start(e), end(e)) for e in events if e["name"].startswith("ProfilerStep#")
+                   and not str(e.get("cat", "")).startswith("gpu_"))
+    if steps:
+        return steps
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    return [(min(map(start, ops)), max(map(end, ops)))]
+
+
+def in_steps(e: dict, steps: list[tuple[float, float]]) -> bool:
+    return any(low <= start(e) and end(e) <= high for low, high in steps)
+
+
+def hand_idle_pct(events: list[dict]) -> float:
+    spans = sorted((start(e), end(e)) for e in events if e.get("cat") in GPU_WORK)
+    busy, reach_start, reach_end = 0.0, spans[0][0], spans[0][1]
+    for low, high in spans[1:]:
+        if low > reach_end:
+            busy += reach_end - reach_start
+            reach_start, reach_end = low, high
+        else:
+            reach_end = max(reach_end, high)
+    busy += reach_end - reach_start
+    return 100 * (1 - busy / (max(end(e) for e in events if e.get("cat") in GPU_WORK)
+                              - spans[0][0]))
+
+
+def hand_sync_causes(events: list[dict], syncs: list[dict]) -> dict[str, int]:
+    ops: dict = {}
+    copies: dict = {}
+    for e in events:
+        thread = (e["pid"], e["tid"])
+        if e.get("cat") == "cpu_op":
+            ops.setdefault(thread, []).append(e)
+        elif e.get("cat") in RUNTIME and e["name"].startswith(("cudaMemcpy", "hipMemcpy")):
+            copies.setdefault(thread, []).append(e)
+    gpu_copy = {e["args"]["correlation"]: e["name"] for e in events
+                if e.get("cat") == "gpu_memcpy"}
+    counts = {"value_read": 0, "h2d_copy": 0, "other": 0}
+    for sync in syncs:
+        thread = (sync["pid"], sync["tid"])
+        holders = [o for o in ops.get(thread, []) if start(o) <= start(sync) and end(sync) <= end(o)]
+        inner = max(holders, key=lambda o: (start(o), -end(o)), default=None)
+        name = inner["name"] if inner else ""
+        copied = " ".join(gpu_copy.get(c["args"].get("correlation"), "")
+                          for c in copies.get(thread, [])
+                          if inner and start(inner) <= start(c) and end(c) <= end(inner))
+        if name in ("aten::item", "aten::_local_scalar_dense") or (
+                name == "aten::copy_" and "DtoH" in copied):
+            counts["value_read"] += 1
+        elif name == "aten::copy_" and "HtoD" in copied:
+            counts["h2d_copy"] += 1
+        else:
+            counts["other"] += 1
+    return counts
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reads_without_error_or_noise(name, capsys):
+    """Both outputs exit 0 and write nothing on stderr (cli_json checks --json's); the JSON is
+    one object with every field of the table in README.md."""
+    assert analyze.main([str(path_of(name))]) == 0
+    human = capsys.readouterr()
+    assert human.err == "" and human.out.startswith("trace ")
+    result = cli_json(name)
+    assert {"device", "gpu_name", "steps", "step_ms", "dataloader_pct", "gpu", "findings"} <= set(
+        result)
+    if result["gpu"]:
+        assert {"syncs_by_cause_per_step", "sync_idle_pct_by_cause",
+                "sync_sources_per_step"} <= set(result["gpu"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_device_steps_and_name_by_hand(name):
+    """device, gpu_name and steps against EXPECTED (read off the file) and the hand rules."""
+    top, events = raw(name)
+    result, expected = cli_json(name), EXPECTED[name]
+    has_gpu = any(e.get("cat") in GPU_WORK for e in events)
+    hip = any(e["name"].startswith("hip") for e in events if e.get("cat") in RUNTIME)
+    hand_device = "rocm" if has_gpu and hip else "cuda" if has_gpu else "cpu"
+    named_steps = [e for e in events if e["name"].startswith("ProfilerStep#")
+                   and not str(e.get("cat", "")).startswith("gpu_")]
+    assert result["device"] == hand_device == expected["device"]
+    assert result["steps"] == (len(named_steps) or 1) == expected["steps"]
+    assert result["steps_named"] == bool(named_steps)
+    properties = top.get("deviceProperties") or [{}]
+    assert result["gpu_name"] == (properties[0].get("name") if has_gpu else None)
+    assert result["gpu_name"] == expected["gpu_name"]
+    assert (result["gpu"] is None) == (not has_gpu)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if EXPECTED[n]["device"] != "cpu"])
+def test_gpu_counts_by_hand(name):
+    """launches, kernels and syncs per step (and syncs by cause) by the hand rules, exactly; the
+    syncs by cause also against EXPECTED. The analyzer's cause of a sync (innermost operator by
+    a stack walk over numpy arrays) and the hand's (every holder, by a loop) must agree."""
+    _, events = raw(name)
+    gpu = cli_json(name)["gpu"]
+    steps = host_steps(events)
+    n = len(steps)
+    runtime = [e for e in events if e.get("cat") in RUNTIME and in_steps(e, steps)]
+    launches = sum(e["name"].startswith(HAND_LAUNCHES) for e in runtime)
+    syncs = [e for e in runtime if e["name"] in HAND_SYNCS]
+    first_step = {e["args"]["correlation"] for e in runtime if in_steps(e, steps[:1])}
+    first_gpu = min(start(e) for e in events if e.get("cat") in GPU_WORK
+                    and e["args"].get("correlation") in first_step)
+    kernels = sum(start(e) >= first_gpu for e in events if e.get("cat") == "kernel")
+    assert gpu["launches_per_step"] == launches / n
+    assert gpu["kernels_per_step"] == kernels / n
+    assert gpu["syncs_per_step"] == len(syncs) / n
+    by_hand = {cause: count / n for cause, count in hand_sync_causes(events, syncs).items()}
+    assert gpu["syncs_by_cause_per_step"] == by_hand == EXPECTED[name]["syncs_by_cause"]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if EXPECTED[n]["device"] != "cpu"])
+def test_gpu_idle_as_holistic_trace_analysis_defines_it(name):
+    _, events = raw(name)
+    assert cli_json(name)["gpu"]["idle_pct"] == pytest.approx(hand_idle_pct(events),
+                                                              abs=IDLE_TOLERANCE_PCT)
+
+
+def test_mi250_sync_idle_by_hand():
+    """MI250, by hand: step 1 starts at ts 4203669603187.439 and step 2 ends at
+    4203669612512.74 + 49.073, after all GPU work, and no GPU work precedes step 1: the window is
+    the steps, 9374.374 µs. Each hipMemcpyWithStream returns after its copy ends and before the
+    next kernel: the GPU idles from the copy's end to that kernel's start, 3476.647 .. 3771.648
+    (295.001 µs) and 4110.73 .. 4296.131 (185.401 µs), both ts - 4203669600000. 480.402 µs of
+    9374.374: 5.12 % of the window, all h2d copies (which fire h2d_copy at >= 5 %)."""
+    _, events = raw("mi250_rocm_3steps.json.gz")
+    steps = host_steps(events)
+    low, high = steps[0][0], steps[-1][1]
+    gpu_spans = sorted((start(e), end(e)) for e in events if e.get("cat") in GPU_WORK)
+    idle = 0.0
+    for sync in (e for e in events if e["name"] == "hipMemcpyWithStream"):
+        before = max(high for _, high in gpu_spans if high <= end(sync))
+        after = min(low for low, _ in gpu_spans if low >= end(sync))
+        idle += after - before
+    assert idle == pytest.approx(480.402, abs=1e-3) and high - low == pytest.approx(9374.374)
+    gpu = cli_json("mi250_rocm_3steps.json.gz")["gpu"]
+    assert gpu["sync_idle_pct_by_cause"]["h2d_copy"] == pytest.approx(100 * idle / (high - low))
+    assert gpu["sync_idle_pct"] == pytest.approx(100 * idle / (high - low))
+
+
+def test_cpu_only_trace_by_hand():
+    """gloo, CPU only: one ProfilerStep#551 of 210109.162 µs, no GPU events, no verdicts."""
+    _, events = raw("cpu_only_gloo_rank34.json.gz")
+    (step,) = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    result = cli_json("cpu_only_gloo_rank34.json.gz")
+    assert result["step_ms"]["mean"] == pytest.approx(float(step["dur"]) / 1000)
+    assert result["gpu"] is None and result["findings"] == []
+
+
+def test_peak_memory_by_hand():
+    """v100_instant_events: the largest "Total Allocated" of its [memory] instant events on the
+    GPU ("Device Type" 1), in MiB."""
+    top, _ = raw("v100_rank1_instant_events_5steps.json.gz")
+    peak = max(e["args"]["Total Allocated"] for e in top["traceEvents"]
+               if e.get("ph") == "i" and e.get("name") == "[memory]"
+               and e["args"].get("Device Type") == 1)
+    result = cli_json("v100_rank1_instant_events_5steps.json.gz")
+    assert result["peak_memory_mb"] == pytest.approx(peak / 2**20)
