@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import math
 import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,10 +206,9 @@ def shm_prefetch_factor(run, images: JpegImages, num_workers: int, wanted: int) 
     wanted_gib = math.ceil(shm_needed_bytes(batch_bytes, num_workers, wanted) / BYTES_PER_GIB)
     shm_size = f"--shm-size={wanted_gib}g"
     if fits < 1:
-        print(f"error: {SHM_PATH} has {free_mb:.0f} MB free, too little for {workers} to hand "
-              f"over even one {batch} batch each; give the container more shared memory: "
-              f"docker run {shm_size} ...", file=sys.stderr)
-        sys.exit(2)
+        harness.fail(f"{SHM_PATH} has {free_mb:.0f} MB free, too little for {workers} to hand "
+                     f"over even one {batch} batch each; give the container more shared memory: "
+                     f"docker run {shm_size} ...")
     harness.log(run, f"prefetch_factor {fits}, not {wanted}: {workers} x {wanted} batches of "
                      f"{batch} do not fit in {SHM_PATH} ({free_mb:.0f} MB free); for {wanted}, "
                      f"docker run {shm_size}")

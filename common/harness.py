@@ -31,7 +31,7 @@ import torch
 from torch.profiler import (ProfilerActivity, profile, record_function, schedule,
                             tensorboard_trace_handler)
 
-from common import presets, tensorboard_compat, trace
+from common import presets, tensorboard_compat, trace, trace_columns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "traces"
@@ -425,7 +425,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
 def require_gpu_kernels(run: Run, events: list[dict]) -> None:
     """A CUDA run whose trace holds no kernel would be read as a CPU trace: every GPU number and
     verdict gone, and the run 'fine'. Stop instead, with what to check."""
-    if run.is_cuda and not trace.has_gpu_kernels(events):
+    if run.is_cuda and not trace_columns.has_gpu_kernels(events):
         clear_run_dir(run.out_dir)
         fail(f"the CUDA trace of {run.demo}/{run.variant} holds no GPU kernel events, so CUPTI "
              f"recorded no GPU activity; check that no other profiler is attached (Nsight "

@@ -45,11 +45,6 @@ def is_dataloader_span(name: str) -> bool:
             or name.startswith(DATAPIPE_PREFIX))
 
 
-def has_gpu_kernels(events: list[dict]) -> bool:
-    """Whether a trace's events hold a GPU kernel (category "kernel"; "Kernel" in 2021 traces)."""
-    return any(str(event.get("cat", "")).lower() == "kernel" for event in events)
-
-
 def trace_files(run_dir: Path) -> list[Path]:
     """The trace files in a run directory, oldest first."""
     found = [p for p in Path(run_dir).iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)]

@@ -147,6 +147,11 @@ def category_kind(category) -> str:
     return "skip" if name.startswith(SKIPPED_CATEGORY_PREFIX) else "cpu_other"
 
 
+def has_gpu_kernels(events: list[dict]) -> bool:
+    """Whether a trace's events hold a GPU kernel, by the analyzer's own category rule."""
+    return any(category_kind(event.get("cat")) == "kernel" for event in events)
+
+
 # Events are trace.event_pieces' objects (attributes: trace.EVENT_FIELDS, args: ARG_FIELDS).
 # map(attrgetter) runs the per-event loop in C: about a third faster than a comprehension.
 TS, DUR, NAME, PID = attrgetter("ts"), attrgetter("dur"), attrgetter("name"), attrgetter("pid")
