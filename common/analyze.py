@@ -23,6 +23,7 @@ from common import trace
 from common.intervals import Spans, merge, union_in
 from common.metrics import (
     BREAKDOWN_ROLES,
+    IDLE_CAUSES,
     SHORT_KERNEL_US,
     US_PER_MS,
     extend_steps,
@@ -31,7 +32,7 @@ from common.metrics import (
     runtime_step_index,
     step_breakdown_ms,
 )
-from common.trace_columns import read_trace
+from common.trace_columns import TraceColumns, read_trace
 from common.verdicts import findings_for
 
 CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 CPU, 1 CUDA
@@ -40,6 +41,9 @@ CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 C
 # calls, its deviceProperties name says so ("AMD Instinct MI250X", "AMD Radeon Graphics"; Kineto on
 # ROCm writes warpSize 64 there, NVIDIA's is 32).
 AMD_DEVICE_MARKERS = ("AMD", "Radeon", "Instinct")
+# How the human output and the report name each idle cause (metrics.IDLE_CAUSES).
+IDLE_CAUSE_LABELS = {"dataloader": "DataLoader", "host_sync": "host syncs",
+                     "launch": "launches", "other": "other"}
 
 
 def device_kind(columns, has_gpu: bool, gpu_props: dict) -> str:
@@ -62,6 +66,7 @@ class Analysis:
     kernel_busy: Spans = field(default_factory=Spans.empty)  # merged kernel intervals
     memory_ts: np.ndarray = field(default_factory=lambda: np.empty(0))  # µs, device's events
     memory_mb: np.ndarray = field(default_factory=lambda: np.empty(0))
+    columns: TraceColumns | None = None  # what compare's what_changed reads (time_by_name)
 
 
 # --- The whole analysis. -------------------------------------------------------------------------
@@ -119,7 +124,7 @@ def analyze(path: Path) -> Analysis:
     metrics["findings"] = findings_for(metrics)
     return Analysis(result=metrics, steps=steps, window=window, breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),
-                    memory_ts=memory_ts, memory_mb=memory_mb)
+                    memory_ts=memory_ts, memory_mb=memory_mb, columns=columns)
 
 
 def analyze_trace(path: Path) -> dict:
@@ -171,6 +176,10 @@ def format_human(result: dict) -> str:
                   + (" ({value_read:.1f} value reads, {h2d_copy:.1f} in host-to-device copies, "
                      "{other:.1f} other)".format(**gpu["syncs_by_cause_per_step"])
                      if gpu["syncs_per_step"] else "")]
+        idle = gpu["idle_by_cause_pct"]
+        lines.append(f"GPU idle     {sum(idle.values()):.1f} % of the steps: "
+                     + ", ".join(f"{IDLE_CAUSE_LABELS[cause]} {idle[cause]:.1f}"
+                                 for cause in IDLE_CAUSES))
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
                       if ms >= 0.05)
     lines.append(f"breakdown    ms per step: {parts}")

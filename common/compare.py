@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from common import analyze, trace
+from common.metrics import TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")
 
@@ -63,11 +64,9 @@ def check_same_conditions(demo_dir: Path, bad: dict, fixed: dict) -> None:
                                f"{verb} {fixed.get(key)}; {remedy}")
 
 
-def analyze_variant(demo_dir: Path, variant: str, summary: dict,
-                    keep_detail: bool = False) -> dict:
+def analyze_variant(demo_dir: Path, variant: str, summary: dict) -> dict:
     """{"summary": summary, "analysis": analyze_trace of the trace the summary names (or, with no
-    trace_file in it, the run's newest trace)}; keep_detail adds "detail", the analyze.Analysis
-    the report draws from (not JSON)."""
+    trace_file in it, the run's newest trace), "detail": its analyze.Analysis (not JSON)}."""
     run_dir = Path(demo_dir) / variant
     trace_path = run_dir
     if summary.get("trace_file"):
@@ -79,13 +78,8 @@ def analyze_variant(demo_dir: Path, variant: str, summary: dict,
         analysis = analyze.analyze(trace_path)
     except trace.TraceError as error:
         raise CompareError(str(error)) from None
-    loaded = {"summary": summary, "analysis": analysis.result}
-    return {**loaded, "detail": analysis} if keep_detail else loaded
-
-
-def load_variant(demo_dir: Path, variant: str, keep_detail: bool = False) -> dict:
-    """One variant alone: its summary and the analysis of its trace (see analyze_variant)."""
-    return analyze_variant(demo_dir, variant, read_summary(demo_dir, variant), keep_detail)
+    # "detail" (not JSON) is dropped by compare() unless keep_detail: the report draws from it.
+    return {"summary": summary, "analysis": analysis.result, "detail": analysis}
 
 
 def ratio(new, old) -> float | None:
@@ -122,8 +116,13 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
                            f"e.g. traces/dataloader_workers, holding bad/ and fixed/)")
     summaries = {variant: read_summary(demo_dir, variant) for variant in VARIANTS}
     check_same_conditions(demo_dir, *(summaries[v] for v in VARIANTS))  # before the slow part
-    runs = {variant: analyze_variant(demo_dir, variant, summaries[variant], keep_detail)
+    runs = {variant: analyze_variant(demo_dir, variant, summaries[variant])
             for variant in VARIANTS}
+    changed = what_changed(*(time_by_name(runs[v]["detail"].columns, runs[v]["detail"].window,
+                                          runs[v]["detail"].steps.size) for v in VARIANTS))
+    if not keep_detail:
+        for variant in VARIANTS:
+            del runs[variant]["detail"]
     bad, fixed = (runs[v]["summary"] for v in VARIANTS)
     comparison = {
         "demo": bad.get("demo", demo_dir.name), **runs,
@@ -133,8 +132,31 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
         "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in VARIANTS},
         "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
                                     for v in VARIANTS}}
+    comparison["what_changed"] = changed
     comparison["warnings"] = profiler_warnings(comparison)
     return comparison
+
+
+WHAT_CHANGED_SHOWN = 8  # operators and kernels listed each, the largest change in ms/step first
+
+
+def what_changed(bad: TimeByName, fixed: TimeByName) -> dict[str, list[dict]]:
+    """The operators and kernels whose total time per step changed most from bad to fixed (HTA's
+    trace_diff, per step): name, ms per step and calls per step in each (0 where a name is
+    absent). Operator times are inclusive: a parent's time holds its children's."""
+    changed = {}
+    for kind in ("operators", "kernels"):
+        before, after = getattr(bad, kind), getattr(fixed, kind)
+        rows = []
+        for name in before.keys() | after.keys():
+            bad_ms, bad_calls = before.get(name, (0.0, 0.0))
+            fixed_ms, fixed_calls = after.get(name, (0.0, 0.0))
+            rows.append({"name": name, "bad_ms_per_step": bad_ms, "fixed_ms_per_step": fixed_ms,
+                         "bad_calls_per_step": bad_calls, "fixed_calls_per_step": fixed_calls})
+        rows.sort(key=lambda row: (-abs(row["fixed_ms_per_step"] - row["bad_ms_per_step"]),
+                                   row["name"]))
+        changed[kind] = rows[:WHAT_CHANGED_SHOWN]
+    return changed
 
 
 def gpu_value(name: str):
@@ -152,6 +174,9 @@ ROWS = [
     ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f"),
     ("GPU utilization %", gpu_value("utilization_pct"), ".1f"),
     ("GPU idle %", gpu_value("idle_pct"), ".1f"),
+    *((f"GPU idle: {analyze.IDLE_CAUSE_LABELS[cause]} %",
+       lambda run, cause=cause: (gpu_value("idle_by_cause_pct")(run) or {}).get(cause), ".1f")
+      for cause in analyze.IDLE_CAUSES),
     ("kernels/step", gpu_value("kernels_per_step"), ".0f"),
     ("median kernel us", gpu_value("median_kernel_us"), ".1f"),
     ("launches/step", gpu_value("launches_per_step"), ".0f"),
@@ -166,7 +191,8 @@ ROWS = [
 ALWAYS_SHOWN_ROWS = ("data wait %", "profiled/timed step")
 # Rows with no fixed ÷ bad: a share of near-zero waits (0.03 % against 0.02 %) or a ratio of two
 # ratios reads as a change where there is none.
-NO_RATIO_ROWS = ("data wait %", "profiled/timed step")
+NO_RATIO_ROWS = ("data wait %", "profiled/timed step",
+                 *(f"GPU idle: {analyze.IDLE_CAUSE_LABELS[c]} %" for c in analyze.IDLE_CAUSES))
 
 
 def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
@@ -223,25 +249,56 @@ def format_text(comparison: dict) -> str:
     for variant in VARIANTS:
         for found in comparison[variant]["analysis"]["findings"]:
             lines.append(f"  {variant}: [{found['severity']}] {found['id']}: {found['evidence']}")
+    lines += what_changed_lines(comparison["what_changed"])
     lines += [f"  warning: {text}" for text in comparison["warnings"]]
     lines += [f"  note: {text}" for text in notes(comparison)]
     return "\n".join(lines)
 
 
 
+NAME_SHOWN_CHARS = 70  # kernel names run to thousands of characters (C++ templates)
+
+
+def short_name(name: str) -> str:
+    return name if len(name) <= NAME_SHOWN_CHARS else name[:NAME_SHOWN_CHARS - 3] + "..."
+
+
+def what_changed_rows(changed: dict) -> list[tuple[str, str, str, str, str]]:
+    """(kind, name, bad ms/step, fixed ms/step, calls/step bad -> fixed) as text."""
+    rows = []
+    for kind, label in (("operators", "operator"), ("kernels", "kernel")):
+        for row in changed[kind]:
+            rows.append((label, short_name(row["name"]), f"{row['bad_ms_per_step']:.2f}",
+                         f"{row['fixed_ms_per_step']:.2f}",
+                         f"{row['bad_calls_per_step']:.1f} -> {row['fixed_calls_per_step']:.1f}"))
+    return rows
+
+
+def what_changed_lines(changed: dict) -> list[str]:
+    rows = what_changed_rows(changed)
+    if not rows:
+        return []
+    rows = [("", "what changed most (time per step)", "bad ms", "fixed ms", "calls/step")] + rows
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return ["  " + "  ".join(cell.rjust(widths[i]) if i in (2, 3) else cell.ljust(widths[i])
+                             for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.compare",
         description="A demo's bad and fixed runs side by side: throughput, step time, data "
-                    "wait, profiler overhead, GPU utilization and idle, kernels, syncs, peak "
-                    "memory and the verdicts.",
+                    "wait, profiler overhead, GPU utilization and idle (by cause), kernels, "
+                    "syncs, peak memory, the verdicts and the operators and kernels whose time "
+                    "changed most.",
         epilog="Exit code 2 when DEMO_DIR/bad or DEMO_DIR/fixed lacks a summary or a trace, or "
                "when the two ran on a different device, machine, preset or torch version.")
     parser.add_argument("demo_dir", metavar="DEMO_DIR", type=Path,
                         help="e.g. traces/dataloader_workers (holds bad/ and fixed/)")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object, with speedup and peak_memory_ratio (fixed / bad), "
-                             "data_wait_pct and profiler_overhead_ratio per variant, warnings")
+                             "data_wait_pct and profiler_overhead_ratio per variant, "
+                             "what_changed (operators and kernels), warnings")
     flags = parser.parse_args(argv)
     try:
         comparison = compare(flags.demo_dir)

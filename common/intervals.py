@@ -1,5 +1,5 @@
 """Interval arithmetic on sets of events (start and end arrays, µs): union by sort and sweep,
-clipping, length, and which interval holds a point."""
+clipping, length, and how much of a range a union covers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,13 +50,21 @@ def union_in(spans: Spans, low: float, high: float) -> float:
     return total(clip(merge(spans), low, high))
 
 
-def covering(merged: Spans, points: np.ndarray) -> np.ndarray:
-    """Index of the merged interval that holds each point, -1 where none does."""
-    index = np.searchsorted(merged.start, points, side="right") - 1
-    inside = index >= 0
-    inside[inside] = points[inside] < merged.end[index[inside]]
-    return np.where(inside, index, -1)
-
-
 def concat(*parts: Spans) -> Spans:
     return Spans(np.concatenate([p.start for p in parts]), np.concatenate([p.end for p in parts]))
+
+
+def covered_length(merged: Spans, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For each [start, end], how much of it the merged (sorted, disjoint) intervals cover:
+    covered(end) - covered(start), from the running total of their lengths."""
+    if merged.size == 0:
+        return np.zeros(np.shape(start))
+    running = np.r_[0.0, np.cumsum(merged.end - merged.start)]
+
+    def covered_before(points: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(merged.start, points, side="right")  # intervals started by then
+        last = np.maximum(index - 1, 0)
+        partial = np.clip(points - merged.start[last], 0, merged.end[last] - merged.start[last])
+        return running[last] + np.where(index > 0, partial, 0.0)
+
+    return covered_before(np.asarray(end, float)) - covered_before(np.asarray(start, float))

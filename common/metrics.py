@@ -3,11 +3,12 @@ each step's time breakdown, and the GPU metrics the verdicts read."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
-from common.intervals import Spans, clip, concat, covering, merge, total, union_in
-from common.syncs import host_syncs, step_index, sync_metrics
+from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
+from common.syncs import gap_of, host_syncs, step_index, sync_metrics
 from common.trace_columns import TraceColumns
 
 # Definitions (sources in README.md, "Analyzing a trace"):
@@ -21,6 +22,9 @@ from common.trace_columns import TraceColumns
 #   dataloader   union of enumerate(DataLoader)#...__next__ spans in the window / window.
 #   syncs        host syncs in the steps, each the cause of the operator that issued it, and the
 #                GPU idle in the gaps they return in (common/syncs.py).
+#   idle causes  each idle instant of the GPU in the window goes to the first that holds of:
+#                DataLoader (a __next__ span is open), host sync (a sync returns in its gap),
+#                launch (the gap's next GPU op was enqueued after the gap began), other.
 #   breakdown    each instant of a step goes to the first active of kernel > memcpy > memset >
 #                runtime > DataLoader > CPU Exec (operator spans only) > other (plugin Overview).
 
@@ -130,23 +134,159 @@ def extend_steps(columns: TraceColumns, steps: Spans, runtime_step: np.ndarray) 
 
 def step_breakdown_ms(steps: Spans, role_spans: list[Spans]) -> np.ndarray:
     """[step, role] milliseconds: each instant of a step goes to the first active role (the
-    BREAKDOWN_ROLES priority), the rest to "other"."""
+    BREAKDOWN_ROLES priority), the rest to "other". Role r's share of a step is what the union of
+    roles 0..r covers of it less what the union of roles 0..r-1 covers (steps are disjoint)."""
     low, high = float(steps.start.min()), float(steps.end.max())
-    merged = [merge(clip(s, low, high)) for s in role_spans]
-    points = np.unique(np.concatenate([steps.start, steps.end]
-                                      + [m.start for m in merged] + [m.end for m in merged]))
-    middle = (points[:-1] + points[1:]) / 2
-    length = np.diff(points)
-    other = len(role_spans)
-    role = np.full(middle.size, other)
-    for index, spans in enumerate(merged):
-        role[(role == other) & (covering(spans, middle) >= 0)] = index
-    step = covering(steps, middle)  # extended steps are disjoint and sorted
-    keep = step >= 0
-    columns = other + 1
-    flat = np.bincount(step[keep] * columns + role[keep], weights=length[keep],
-                       minlength=steps.size * columns)
-    return flat.reshape(steps.size, columns) / US_PER_MS
+    table = np.zeros((steps.size, len(role_spans) + 1))
+    union, covered_before = Spans.empty(), np.zeros(steps.size)
+    for index, spans in enumerate(role_spans):
+        union = merge(concat(union, clip(spans, low, high)))
+        covered = covered_length(union, steps.start, steps.end)
+        table[:, index] = covered - covered_before
+        covered_before = covered
+    table[:, -1] = (steps.end - steps.start) - covered_before
+    return table / US_PER_MS
+
+
+# --- Time per operator and per kernel name (compare's "what changed"). ------------------------
+
+@dataclass
+class TimeByName:
+    """Time (ms per step) and calls per step of each name, for what started inside the window:
+    CPU operators by self time (less the operators they hold on their thread, as the profiler's
+    "Self CPU" column: a chain aten::linear > aten::addmm does not count twice) and GPU kernels."""
+    operators: dict[str, tuple[float, float]]
+    kernels: dict[str, tuple[float, float]]
+
+
+def per_name(codes: np.ndarray, names: list, duration_us: np.ndarray,
+             n_steps: int) -> dict[str, tuple[float, float]]:
+    """name -> (ms per step, calls per step), from each event's code into `names`."""
+    total_us = np.bincount(codes, weights=duration_us, minlength=len(names))
+    calls = np.bincount(codes, minlength=len(names))
+    table: dict[str, tuple[float, float]] = {}
+    for i in np.flatnonzero(calls).tolist():  # two codes of one name (never seen) add up
+        ms, count = table.get(str(names[i]), (0.0, 0.0))
+        table[str(names[i])] = (ms + float(total_us[i]) / US_PER_MS / n_steps,
+                                count + float(calls[i]) / n_steps)
+    return table
+
+
+def self_time_us(ops: Spans, thread: np.ndarray) -> np.ndarray:
+    """Each op's duration less its direct children's: the ops it holds on its thread (ops on one
+    thread nest). One sweep per thread with a stack of the open ops."""
+    duration = ops.end - ops.start
+    children = np.zeros(ops.size)
+    ends, threads = ops.end.tolist(), thread.tolist()
+    stack: list[int] = []
+    current = None
+    for i in np.lexsort((-ops.end, ops.start, thread)).tolist():  # parents before children
+        if threads[i] != current:
+            stack, current = [], threads[i]
+        while stack and ends[stack[-1]] < ends[i]:  # ended before i, or overlaps it: no parent
+            stack.pop()
+        if stack:
+            children[stack[-1]] += duration[i]
+        stack.append(i)
+    return (duration - children).clip(min=0)
+
+
+def time_by_name(columns: TraceColumns, window: tuple[float, float],
+                 n_steps: int) -> TimeByName:
+    low, high = window
+    ops = columns.cpu_ops
+    self_us = self_time_us(ops, columns.cpu_op_thread)
+    in_window = (ops.start >= low) & (ops.start < high)
+    # Names are interned strings (trace_columns.read_cpu_group): grouping by identity is grouping
+    # by name, without sorting Python strings.
+    op_names = columns.cpu_op_names[in_window]
+    _, first, codes = np.unique(np.fromiter(map(id, op_names), np.int64, op_names.size),
+                                return_index=True, return_inverse=True)
+    operators = per_name(codes.ravel(), list(op_names[first]), self_us[in_window], n_steps)
+    kernels = columns.kernels
+    in_window = (kernels.start >= low) & (kernels.start < high)
+    return TimeByName(operators, per_name(columns.kernel_name_id[in_window],
+                                          columns.kernel_name_table,
+                                          (kernels.end - kernels.start)[in_window], n_steps))
+
+
+# --- Why the GPU is idle. ----------------------------------------------------------------------
+
+IDLE_CAUSES = ("dataloader", "host_sync", "launch", "other")
+# Holistic Trace Analysis splits idle time into host wait (the CPU does not enqueue kernels fast
+# enough), kernel wait (short gaps between kernels enqueued in time) and other; AMD's TraceLens
+# splits GPU time into computation, exposed communication, exposed memcpy and idle, and names
+# launch overhead, syncs and pipeline bubbles as idle's causes. Ours, per idle instant, the first
+# that holds:
+#   dataloader  a DataLoader __next__ span is open: the host is fetching the next batch.
+#   host_sync   the rest of a gap a host sync returns in: the GPU drained its queue for the host
+#               (the gaps gpu.sync_idle_pct counts).
+#   launch      the rest of a gap whose next GPU op's launch call ended after the gap began (of
+#               several ops that start together, the first enqueued): the GPU ran dry before the
+#               host enqueued more (Python, dispatch, launch calls: HTA's host wait).
+#   other       the rest: work enqueued in time that starts late (HTA's kernel wait, waits on
+#               other streams or events), a GPU op with no launch call in the trace, and the idle
+#               tail after the last GPU op.
+
+
+def launch_ends(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
+    """Every GPU op (kernel, copy, memset) sorted by start, and when the runtime call that
+    launched each one ended (NaN: no runtime call in the trace with its correlation)."""
+    gpu = concat(columns.kernels, columns.memcpy, columns.memset)
+    correlation = np.concatenate([columns.kernel_correlation, columns.memcpy_correlation,
+                                  columns.memset_correlation])
+    order = np.argsort(gpu.start, kind="stable")
+    gpu, correlation = Spans(gpu.start[order], gpu.end[order]), correlation[order]
+    launched = np.full(gpu.size, np.nan)
+    known = columns.runtime_correlation >= 0
+    if known.any():
+        runtime_order = np.flatnonzero(known)[np.argsort(columns.runtime_correlation[known],
+                                                         kind="stable")]
+        sorted_correlation = columns.runtime_correlation[runtime_order]
+        position = np.clip(np.searchsorted(sorted_correlation, correlation), 0,
+                           sorted_correlation.size - 1)
+        found = (sorted_correlation[position] == correlation) & (correlation >= 0)
+        launched[found] = columns.runtime.end[runtime_order[position[found]]]
+    return gpu, launched
+
+
+def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, float],
+                      sync_ends: np.ndarray) -> dict[str, float]:
+    """The GPU's idle time in the window split by cause (IDLE_CAUSES), each ÷ window, in %: they
+    add up to 100 - union(kernels, copies, memsets in the window) ÷ window. `busy`: merged GPU
+    work; `sync_ends`: when each host sync in the steps returned."""
+    low, high = window
+    span = high - low
+    result = dict.fromkeys(IDLE_CAUSES, 0.0)
+    if span <= 0:
+        return result
+    # Gap k: from busy interval k-1's end (or `low`) to busy interval k's start (or `high`).
+    gap_start, gap_end = np.r_[low, busy.end], np.r_[busy.start, high]
+    start, end = np.maximum(gap_start, low), np.minimum(gap_end, high)
+    length = (end - start).clip(min=0)
+    end = np.maximum(end, start)
+    dataloader = covered_length(merge(columns.dataloader), start, end)
+    rest = length - dataloader
+
+    synced = np.zeros(length.size, bool)
+    k = gap_of(sync_ends[(sync_ends >= low) & (sync_ends <= high)], busy)
+    synced[k[k >= 0]] = True
+    late = np.zeros(length.size, bool)
+    if busy.size:
+        gpu, launched = launch_ends(columns)
+        # The ops that open busy interval k start at its start (on several streams at once, at
+        # times): the gap is the host's if the first of them to be enqueued came after it began.
+        first = np.searchsorted(gpu.start, busy.start, side="left")
+        after = np.searchsorted(gpu.start, busy.start, side="right")  # first > its start
+        known = np.r_[np.where(np.isnan(launched), np.inf, launched), np.inf]  # inf: unknown
+        # min over each [first, after) range: reduceat over the ranges and the runs between them
+        earliest = np.minimum.reduceat(known, np.column_stack([first, after]).ravel())[::2]
+        late[:-1] = np.isfinite(earliest) & (earliest > gap_start[:-1])
+    result["dataloader"] = float(dataloader.sum())
+    result["host_sync"] = float(rest[synced].sum())
+    result["launch"] = float(rest[~synced & late].sum())
+    result["other"] = float(rest[~synced & ~late].sum())
+    return {cause: 100.0 * us / span for cause, us in result.items()}
 
 
 # --- GPU metrics. -------------------------------------------------------------------------------
@@ -228,4 +368,6 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "non_tensor_core_gemm_pct": share(float(duration[gemm & ~tensor_core].sum()), kernel_time),
         # syncs_per_step, syncs_by_cause_per_step, sync_idle_pct (and by cause), sync sources
         **sync_metrics(syncs, busy, low, high, n_steps),
+        "idle_by_cause_pct": idle_by_cause_pct(columns, busy, window,
+                                               syncs.end[syncs.step >= 0]),
     }

@@ -48,6 +48,8 @@ ROLE_COLORS = {"kernel": "#2e7d32", "memcpy": "#f9a825", "memset": "#8d6e63",
 REGION_COLORS = {DATALOADER_REGION: "#c62828", "data": "#ef9a9a", "forward": "#1565c0",
                  "backward": "#64b5f6", "optimizer": "#6a1b9a"}
 VARIANT_COLORS = {"bad": "#c62828", "fixed": "#2e7d32"}
+WHAT_CHANGED_NOTE = ("operators by self time, kernels by total time, the largest changes "
+                     "first: python -m common.compare")
 TIMELINE_ROWS = ("data", DATALOADER_REGION, "forward", "backward", "optimizer")
 
 
@@ -80,6 +82,31 @@ def plot_step_breakdown(analyses: dict[str, analyze.Analysis], out_png: Path, ti
                    label=role.replace("_", " "))
             bottom += table[:, index]
     ax.set_ylabel("ms per step")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save(fig, out_png)
+
+
+IDLE_COLORS = {"busy": "#2e7d32", "dataloader": "#c62828", "host_sync": "#ef6c00",
+               "launch": "#6a1b9a", "other": "#bdbdbd"}
+
+
+def plot_idle_by_cause(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
+    """One bar per variant, 100 % of its profiled steps: the GPU busy (kernels, copies, memsets)
+    and its idle time by cause (gpu.idle_by_cause_pct)."""
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(analyses)))
+    labels = list(analyses)
+    left = np.zeros(len(labels))
+    idle = [a.result["gpu"]["idle_by_cause_pct"] for a in analyses.values()]
+    parts = {"busy": [100.0 - sum(i.values()) for i in idle],
+             **{cause: [i[cause] for i in idle] for cause in analyze.IDLE_CAUSES}}
+    for part, widths in parts.items():
+        name = "GPU busy" if part == "busy" else f"idle: {analyze.IDLE_CAUSE_LABELS[part]}"
+        ax.barh(labels, widths, left=left, color=IDLE_COLORS[part], label=name)
+        left += widths
+    ax.set_xlim(0, 100)
+    ax.invert_yaxis()  # bad on top
+    ax.set_xlabel("% of the profiled steps")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save(fig, out_png)
@@ -213,6 +240,12 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
         plot_step_breakdown(analyses, figures_dir / f"{demo}_breakdown.png",
                             f"{demo}: time per profiled step (ms)")))
     on_gpu = all(a.result["gpu"] for a in analyses.values())
+    if on_gpu:
+        section.figures.append((
+            "Why the GPU is idle: its busy time and each idle cause, as a share of the profiled "
+            "steps (gpu.idle_by_cause_pct; definitions in the top-level README)",
+            plot_idle_by_cause(analyses, figures_dir / f"{demo}_idle.png",
+                               f"{demo}: GPU busy and idle by cause")))
     section.figures.append((
         "Timeline of the profiled steps: the CPU's regions and the GPU's busy time (union of "
         "kernels)" if on_gpu else
@@ -277,6 +310,12 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
         for text in comparison["warnings"]:  # a quote each: consecutive "> " lines join up
             lines += [f"> **Warning:** {text}", ""]
         lines += [f"> {text}" for text in compare.notes(comparison)]
+        changed = compare.what_changed_rows(comparison["what_changed"])
+        if changed:
+            lines += ["", f"What changed most, per step ({WHAT_CHANGED_NOTE}):", "",
+                      "| | name | bad ms | fixed ms | calls/step |", "|---|---|---:|---:|---:|"]
+            lines += [f"| {kind} | `{name.replace('|', '&#124;')}` | {bad} | {fixed} | {calls} |"
+                      for kind, name, bad, fixed, calls in changed]
         for caption, png in section.figures:
             lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
     return "\n".join(lines) + "\n"
@@ -342,6 +381,16 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
         parts += [f"<p class=\"warning\"><b>Warning:</b> {e(text)}</p>"
                   for text in comparison["warnings"]]
         parts += [f"<p class=\"note\">{e(text)}</p>" for text in compare.notes(comparison)]
+        changed = compare.what_changed_rows(comparison["what_changed"])
+        if changed:
+            parts.append(f"<p>What changed most, per step ({e(WHAT_CHANGED_NOTE)}):</p><table>"
+                         "<tr><th></th><th>name</th><th>bad ms</th><th>fixed ms</th>"
+                         "<th>calls/step</th></tr>")
+            parts += [f"<tr><td>{e(kind)}</td><td><code>{e(name)}</code></td>"
+                      f"<td class=\"n\">{e(bad)}</td><td class=\"n\">{e(fixed)}</td>"
+                      f"<td class=\"n\">{e(calls)}</td></tr>"
+                      for kind, name, bad, fixed, calls in changed]
+            parts.append("</table>")
         for caption, png in section.figures:
             parts.append(f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
                          f"<figcaption>{e(caption)}</figcaption></figure>")

@@ -164,6 +164,15 @@ def host_syncs(columns: TraceColumns, steps: Spans, runtime_step: np.ndarray) ->
 
 # --- The GPU idle they cost, and the numbers gpu_metrics reports. ---------------------------
 
+def gap_of(sync_ends: np.ndarray, busy: Spans) -> np.ndarray:
+    """The GPU idle gap each sync returns in, -1 for one that returns while the GPU is busy. Gap
+    k runs from the end of busy interval k-1 (or the start of time) to the start of busy interval
+    k (or the end of time): k = how many busy intervals start at or before the sync's end."""
+    k = np.searchsorted(busy.start, sync_ends, side="right")
+    after = np.r_[-np.inf, busy.end][k]  # when gap k starts
+    return np.where(sync_ends < after, -1, k)
+
+
 def sync_idle_us(sync_ends: np.ndarray, busy: Spans, low: float, high: float) -> np.ndarray:
     """Per sync, the GPU idle time in the gap it returns in: the GPU drained its queue for the
     host, and waits until the host launches again. Each gap counts once, for the first sync that
@@ -173,14 +182,11 @@ def sync_idle_us(sync_ends: np.ndarray, busy: Spans, low: float, high: float) ->
     inside = np.flatnonzero((sync_ends >= low) & (sync_ends <= high))
     if not inside.size:
         return credit
-    # Gap k runs from the end of busy interval k-1 (or `low`) to the start of busy interval k (or
-    # `high`); k = how many busy intervals start at or before the sync's end.
     gap_start = np.r_[low, busy.end]
     gap_end = np.r_[busy.start, high]
     inside = inside[np.argsort(sync_ends[inside], kind="stable")]
-    ends = sync_ends[inside]
-    k = np.searchsorted(busy.start, ends, side="right")
-    idle = ~((k > 0) & (ends < gap_start[k]))
+    k = gap_of(sync_ends[inside], busy)
+    idle = k >= 0
     gaps, first = np.unique(k[idle], return_index=True)  # the first sync (by end) in each gap
     lengths = np.minimum(gap_end[gaps], high) - np.maximum(gap_start[gaps], low)
     credit[inside[np.flatnonzero(idle)[first]]] = lengths.clip(min=0)

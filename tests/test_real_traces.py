@@ -22,6 +22,12 @@ test). The hand rules, the same for every trace:
   start, then shortest); aten::item or aten::_local_scalar_dense: a value read; aten::copy_: the
   cudaMemcpy*/hipMemcpy* calls inside it on that thread, through their correlation id to the
   gpu_memcpy event: "DtoH" in its name is a value read, "HtoD" an h2d copy; the rest other. Exact.
+- GPU idle by cause: the window is the analyzer's (its steps are checked above and in
+  test_analyze.py); the GPU's busy intervals the union of kernel, gpu_memcpy and gpu_memset
+  spans; each gap between them (and the window's ends), clipped to the window: first the time a
+  DataLoader span covers, the rest host_sync if a sync call of HAND_SYNCS inside the steps
+  returns in the gap, else launch if every op that opens the next busy interval was enqueued (its
+  runtime call, by correlation id, ended) after the gap began, else other. Within 1e-6 points.
 - GPU idle % (Holistic Trace Analysis, temporal breakdown): 100 × (1 − |union of kernel,
   gpu_memcpy and gpu_memset intervals| ÷ (last end − first start)), the union by sort and sweep
   in floats. Within 1e-6 percentage points (the order of float additions differs).
@@ -287,3 +293,53 @@ def test_peak_memory_by_hand():
                and e["args"].get("Device Type") == 1)
     result = cli_json("v100_rank1_instant_events_5steps.json.gz")
     assert result["peak_memory_mb"] == pytest.approx(peak / 2**20)
+
+
+def hand_idle_by_cause(name: str) -> dict[str, float]:
+    _, events = raw(name)
+    steps = host_steps(events)
+    low, high = analyze.analyze(path_of(name)).window
+    merged: list = []  # [start, end, correlation ids of the ops that open it]
+    for s, t, c in sorted((start(e), end(e), e["args"].get("correlation")) for e in events
+                          if e.get("cat") in GPU_WORK):
+        if merged and s == merged[-1][0]:
+            merged[-1][2].append(c)
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], t)
+        else:
+            merged.append([s, t, [c]])
+    launched: dict = {}
+    for e in events:
+        if e.get("cat") in RUNTIME and "correlation" in e.get("args", {}):
+            launched.setdefault(e["args"]["correlation"], end(e))
+    loaders = [(start(e), end(e)) for e in events
+               if e["name"].startswith("enumerate(DataLoader)")]
+    sync_ends = [end(e) for e in events if e.get("cat") in RUNTIME and e["name"] in HAND_SYNCS
+                 and in_steps(e, steps)]
+    found = {"dataloader": 0.0, "host_sync": 0.0, "launch": 0.0, "other": 0.0}
+    for k in range(len(merged) + 1):
+        gap_start = low if k == 0 else merged[k - 1][1]
+        gap_end, openers = (merged[k][0], merged[k][2]) if k < len(merged) else (high, [])
+        a, b = max(gap_start, low), min(gap_end, high)
+        if b <= a:
+            continue
+        loading, reach = 0.0, a
+        for s, t in sorted((max(s, a), min(t, b)) for s, t in loaders if min(t, b) > max(s, a)):
+            s = max(s, reach)
+            if t > s:
+                loading, reach = loading + t - s, t
+        found["dataloader"] += loading
+        enqueued = [launched[c] for c in openers if c in launched]
+        if any(gap_start <= x < gap_end and low <= x <= high for x in sync_ends):
+            found["host_sync"] += b - a - loading
+        elif enqueued and min(enqueued) > gap_start:
+            found["launch"] += b - a - loading
+        else:
+            found["other"] += b - a - loading
+    return {cause: 100 * us / (high - low) for cause, us in found.items()}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if EXPECTED[n]["device"] != "cpu"])
+def test_idle_by_cause_by_hand(name):
+    by_cause = cli_json(name)["gpu"]["idle_by_cause_pct"]
+    assert by_cause == pytest.approx(hand_idle_by_cause(name), abs=IDLE_TOLERANCE_PCT)

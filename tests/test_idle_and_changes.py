@@ -1,0 +1,156 @@
+"""Why the GPU is idle (gpu.idle_by_cause_pct) and what changed between bad and fixed
+(compare's what_changed), on hand-built traces whose answers are worked out below."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from common import analyze, compare, report
+from common.intervals import Spans, covered_length
+from common.metrics import self_time_us
+from tests.kineto_builder import BF16_GEMM, ELEMENTWISE, KinetoTrace, write_demo_run
+
+T0 = 1_000_000.0  # µs
+WINDOW_US = 1000.0
+
+# One step of 1000 µs (T0 .. T0+1000), by hand (times after T0):
+#   DataLoader 0..200, then kernel A launched 200..205, runs 210..400: the gap 0..210 is 200 µs
+#     of DataLoader and 10 µs of launch (A's launch ended at 205, after the gap began at 0).
+#   B launched 250..255, runs 400..500 (right after A: no gap).
+#   C launched 300..305, runs 520..600: the gap 500..520 is other (C was enqueued at 305, long
+#     before the GPU went idle: it starts late for a reason on the GPU's side).
+#   cudaStreamSynchronize 310..601 returns in the gap 600..700 (D launched 690..695, runs
+#     700..800): 100 µs host_sync.
+#   E launched 850..855, runs 860..900: the gap 800..860 is 60 µs of launch.
+#   The tail 900..1000 has no GPU op after it: 100 µs other.
+# Busy 190+100+80+100+40 = 510 µs; idle 490 = 200 + 100 + 70 + 120.
+EXPECTED_PCT = {"dataloader": 20.0, "host_sync": 10.0, "launch": 7.0, "other": 12.0}
+
+
+def idle_trace(vocabulary: str = "current", loader_in_sync_gap: bool = False,
+               tied_copy: bool = False) -> KinetoTrace:
+    t = KinetoTrace(vocabulary=vocabulary)
+    t.gpu()
+    t.step(1, T0, WINDOW_US)
+    t.dataloader(T0, 200)
+    t.launch(T0 + 200, 5, T0 + 210, 190)
+    t.launch(T0 + 250, 5, T0 + 400, 100)
+    t.launch(T0 + 300, 5, T0 + 520, 80)
+    t.runtime("cudaStreamSynchronize", T0 + 310, 291)
+    if tied_copy:  # a copy enqueued at 510, after the gap began, starting with C at 520
+        t.memcpy(T0 + 505, 5, T0 + 520, 10)
+    t.launch(T0 + 690, 5, T0 + 700, 100)
+    t.launch(T0 + 850, 5, T0 + 860, 40)
+    if loader_in_sync_gap:  # 60 µs of the sync's gap go to the DataLoader, which comes first
+        t.dataloader(T0 + 620, 60)
+    return t
+
+
+@pytest.mark.parametrize("vocabulary", ["2021", "current", "tensorboard"])
+def test_idle_by_cause_by_hand(tmp_path, vocabulary):
+    gpu = analyze.analyze_trace(idle_trace(vocabulary).write(tmp_path / "t.json"))["gpu"]
+    assert gpu["idle_by_cause_pct"] == pytest.approx(EXPECTED_PCT, abs=1e-9)
+    assert gpu["utilization_pct"] == pytest.approx(51.0)  # the causes and the busy time: 100 %
+    assert gpu["sync_idle_pct"] == pytest.approx(10.0)  # the same gap, counted the same way
+
+
+def test_dataloader_comes_before_the_sync_in_its_gap(tmp_path):
+    gpu = analyze.analyze_trace(idle_trace(loader_in_sync_gap=True).write(tmp_path / "t.json"))
+    assert gpu["gpu"]["idle_by_cause_pct"] == pytest.approx(
+        {"dataloader": 26.0, "host_sync": 4.0, "launch": 7.0, "other": 12.0}, abs=1e-9)
+
+
+def test_of_ops_that_start_together_the_first_enqueued_decides(tmp_path):
+    """C (enqueued at 305) and a copy enqueued at 510 both open the busy time at 520: the GPU
+    had C long before the gap began, so the gap stays other."""
+    gpu = analyze.analyze_trace(idle_trace(tied_copy=True).write(tmp_path / "t.json"))["gpu"]
+    assert gpu["idle_by_cause_pct"] == pytest.approx(EXPECTED_PCT, abs=1e-9)
+
+
+def test_idle_by_cause_in_the_human_output(tmp_path, capsys):
+    assert analyze.main([str(idle_trace().write(tmp_path / "t.json"))]) == 0
+    out = capsys.readouterr().out
+    assert ("GPU idle     49.0 % of the steps: DataLoader 20.0, host syncs 10.0, launches 7.0, "
+            "other 12.0") in out
+
+
+def test_covered_length_of_ranges_by_hand():
+    merged = Spans(np.array([10.0, 40.0]), np.array([20.0, 70.0]))  # sorted, disjoint
+    start = np.array([0, 0, 15, 20, 25, 45, 80, 0], float)
+    end = np.array([5, 100, 45, 40, 30, 60, 90, 10], float)
+    assert covered_length(merged, start, end).tolist() == [0, 40, 10, 0, 0, 15, 0, 0]
+    assert covered_length(Spans.empty(), start, end).tolist() == [0] * 8
+
+
+def test_self_time_takes_off_direct_children_per_thread():
+    # thread 1: a 0..100 holds b 10..60 (which holds c 20..30) and d 70..90; e 95..120 overlaps
+    # a's end (malformed): not its child. Thread 2: f 10..50 inside a's time, but its own.
+    start = np.array([0, 10, 20, 70, 95, 10], float)
+    end = np.array([100, 60, 30, 90, 120, 50], float)
+    thread = np.array([1, 1, 1, 1, 1, 2])
+    assert self_time_us(Spans(start, end), thread).tolist() == [
+        100 - 50 - 20, 50 - 10, 10, 20, 25, 40]
+
+
+def changed_trace(steps: int, gemm_us: float, item: bool) -> KinetoTrace:
+    """Each 1000 µs step: aten::linear 0..100 holding aten::addmm 10..90 (self 20 and 80 µs), a
+    GEMM kernel of gemm_us and an elementwise kernel of 10 µs, and, with `item`, aten::item
+    200..260 (60 µs)."""
+    t = KinetoTrace()
+    t.gpu()
+    for index in range(steps):
+        at = T0 + index * 1000
+        t.op("aten::linear", at, 100)
+        t.op("aten::addmm", at + 10, 80)
+        t.launch(at + 20, 5, at + 30, gemm_us, name=BF16_GEMM)
+        t.launch(at + 40, 5, at + 30 + gemm_us, 10, name=ELEMENTWISE)
+        if item:
+            t.op("aten::item", at + 200, 60)
+        t.step(index + 1, at, 1000)
+    return t
+
+
+@pytest.fixture
+def changed_pair(tmp_path):
+    """bad: 2 steps, a 400 µs GEMM and an .item() per step; fixed: 3 steps, a 100 µs GEMM."""
+    write_demo_run(tmp_path, "item_sync", "bad", changed_trace(2, 400, item=True),
+                   samples_per_s=100.0, peak_memory_mb=10.0)
+    write_demo_run(tmp_path, "item_sync", "fixed", changed_trace(3, 100, item=False),
+                   samples_per_s=150.0, peak_memory_mb=10.0)
+    return tmp_path / "item_sync"
+
+
+def test_what_changed_per_step_by_hand(changed_pair, capsys):
+    assert compare.main([str(changed_pair), "--json"]) == 0
+    changed = json.loads(capsys.readouterr().out)["what_changed"]
+    # Per step: aten::item 0.06 ms -> gone; linear (self 0.02) and addmm (0.08) unchanged, in
+    # name order after it. The GEMM 0.4 -> 0.1 ms; the elementwise kernel unchanged.
+    assert changed["operators"] == [
+        {"name": "aten::item", "bad_ms_per_step": pytest.approx(0.06),
+         "fixed_ms_per_step": 0.0, "bad_calls_per_step": 1.0, "fixed_calls_per_step": 0.0},
+        {"name": "aten::addmm", "bad_ms_per_step": pytest.approx(0.08),
+         "fixed_ms_per_step": pytest.approx(0.08), "bad_calls_per_step": 1.0,
+         "fixed_calls_per_step": 1.0},
+        {"name": "aten::linear", "bad_ms_per_step": pytest.approx(0.02),
+         "fixed_ms_per_step": pytest.approx(0.02), "bad_calls_per_step": 1.0,
+         "fixed_calls_per_step": 1.0}]
+    assert [(row["name"], row["bad_ms_per_step"], row["fixed_ms_per_step"])
+            for row in changed["kernels"]] == [
+        (BF16_GEMM, pytest.approx(0.4), pytest.approx(0.1)),
+        (ELEMENTWISE, pytest.approx(0.01), pytest.approx(0.01))]
+
+
+def test_what_changed_in_text_and_report(changed_pair, capsys):
+    assert compare.main([str(changed_pair)]) == 0
+    out = capsys.readouterr().out
+    assert "what changed most (time per step)" in out
+    assert any(line.split()[:5] == ["operator", "aten::item", "0.06", "0.00", "1.0"]
+               for line in out.splitlines())
+    assert compare.short_name(BF16_GEMM) in out and BF16_GEMM not in out  # long names cut
+    markdown, page = report.write_report(changed_pair.parent, ["item_sync"])
+    text = markdown.read_text()
+    assert "| operator | `aten::item` | 0.06 | 0.00 | 1.0 -> 0.0 |" in text
+    assert "GPU busy and idle by cause" in text or "Why the GPU is idle" in text
+    assert "<code>aten::item</code>" in page.read_text()
