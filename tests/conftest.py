@@ -119,6 +119,28 @@ def synthetic_gpu_out(profiler_logdir) -> Path:
     return out
 
 
+SHARED_TRACES = ROOT.parent / "shared" / "traces"  # real traces from others (its README)
+# The shared GPU traces, for the plugin (test_tensorboard.py): not the CPU-only gloo rank (no GPU
+# view). The plugin drops the MI250 trace's empty last step (one step where we read two: a
+# difference of definition, tested on its own); the others it reads step for step as we do.
+REAL_GPU_TRACES = ("a100_80gb_rank0_5steps", "a100_alexnet_no_steps", "a100_nccl_rank3_6steps",
+                   "v100_nccl_rank1_6steps", "v100_rank1_instant_events_5steps",
+                   "mi250_rocm_3steps")
+
+
+@pytest.fixture(scope="session")
+def real_traces_out(profiler_logdir) -> Path | None:
+    """The shared real GPU traces, rewritten for the plugin as the harness rewrites ours, one run
+    folder each under profiler_logdir/real/; None when ../shared/traces is missing."""
+    if not SHARED_TRACES.is_dir():
+        return None
+    out = profiler_logdir / "real"
+    for name in REAL_GPU_TRACES:
+        tensorboard_compat.rewrite_file(SHARED_TRACES / f"{name}.json.gz",
+                                        out / name / f"{name}.pt.trace.json.gz")
+    return out
+
+
 @dataclass
 class TensorBoard:
     port: int
@@ -155,7 +177,8 @@ def run_folders(logdir: Path) -> set[str]:
 
 
 @pytest.fixture(scope="session")
-def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, synthetic_gpu_out):
+def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, synthetic_gpu_out,
+                real_traces_out):
     """A real `tensorboard` on a free port over profiler_logdir, once the plugin has loaded every
     run in it."""
     expected = run_folders(profiler_logdir)
