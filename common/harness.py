@@ -170,7 +170,9 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     parser = build_parser(demo, variant)
     flags = parser.parse_args(argv)
     device = pick_device(flags.device, parser)
-    name = presets.preset_name(device.type, flags.smoke)
+    name = presets.preset_name(device.type, flags.smoke, demo,
+                               bf16_matrix_units=device.type != "cpu"
+                               or CPU_BF16_MATRIX_UNIT_FLAG in cpu_native_bf16_flags())
     preset = presets.PRESETS[demo][name]
     if batch_size is not None:
         preset = replace(preset, batch_size=batch_size)
@@ -318,6 +320,10 @@ def note_cpu_bf16(run: Run) -> None:
     else:
         run.notes.append("no native BF16 on this CPU; the speed-up needs tensor cores "
                          "(BF16 is emulated here, so expect a slowdown on this CPU)")
+    if run.preset_name == presets.CPU_WITHOUT_BF16_UNITS:
+        run.notes.append(f"without AMX both variants run the smaller {run.preset_name} preset "
+                         f"(2 blocks, 128 tokens, 4 steps): the slowdown is all there is to "
+                         f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
 
 
 def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -16,6 +16,9 @@ class Preset:
     sizes: dict[str, int] = field(default_factory=dict)  # demo-specific model and data sizes
 
 
+# The preset a demo may add for a CPU without BF16 matrix units (mixed_precision only).
+CPU_WITHOUT_BF16_UNITS = "cpu_no_amx"
+
 PRESETS: dict[str, dict[str, Preset]] = {
     "dataloader_workers": {
         # ResNet-18 on 224 px crops of ~ImageNet-sized JPEGs: the GPU trains a batch in tens of ms,
@@ -61,6 +64,13 @@ PRESETS: dict[str, dict[str, Preset]] = {
                       sizes=dict(vocab=1024, d_model=256, heads=4, blocks=4, seq_len=256)),
         "smoke": Preset(batch_size=2, steps=3, warmup_steps=1,
                         sizes=dict(vocab=128, d_model=64, heads=2, blocks=2, seq_len=32)),
+        # A CPU without AMX tiles emulates BF16 (or runs it no faster than FP32), so the pair can
+        # only show that, and says so: at the cpu preset the emulated BF16 step took 18.5 s on a
+        # 2-core AMD EPYC (5 of a full CPU run's 14 minutes). Half the blocks, half the sequence,
+        # half the batch and a few steps keep the pair near a minute there.
+        CPU_WITHOUT_BF16_UNITS: Preset(batch_size=4, steps=4, warmup_steps=1,
+                                       sizes=dict(vocab=1024, d_model=256, heads=4, blocks=2,
+                                                  seq_len=128)),
     },
     "activation_checkpointing": {
         # 16 blocks of d_model 1024 over 8 x 2048 tokens, FP32: each block keeps ~1.1 GB of
@@ -105,8 +115,16 @@ PRESETS: dict[str, dict[str, Preset]] = {
 }
 
 
-def preset_name(device_type: str, smoke: bool) -> str:
-    return "smoke" if smoke else device_type
+def preset_name(device_type: str, smoke: bool, demo: str = "",
+                bf16_matrix_units: bool = True) -> str:
+    """smoke, cuda or cpu; on a CPU without BF16 matrix units (AMX), the demo's
+    CPU_WITHOUT_BF16_UNITS preset where it has one."""
+    if smoke:
+        return "smoke"
+    if (device_type == "cpu" and not bf16_matrix_units
+            and CPU_WITHOUT_BF16_UNITS in PRESETS.get(demo, {})):
+        return CPU_WITHOUT_BF16_UNITS
+    return device_type
 
 
 # A container's CPU quota (docker run --cpus, a Kubernetes CPU limit) leaves the affinity mask and

@@ -54,7 +54,8 @@ def test_steps_must_be_a_positive_whole_number(steps, capsys):
 
 def test_every_demo_has_the_three_presets_and_gpu_batches_are_not_smaller():
     for demo, by_kind in presets.PRESETS.items():
-        assert set(by_kind) == {"cuda", "cpu", "smoke"}, demo
+        extra = {presets.CPU_WITHOUT_BF16_UNITS} if demo == "mixed_precision" else set()
+        assert set(by_kind) == {"cuda", "cpu", "smoke"} | extra, demo
         assert by_kind["cuda"].batch_size >= by_kind["cpu"].batch_size >= by_kind["smoke"].batch_size
         assert by_kind["smoke"].steps <= 5  # smoke runs must stay seconds long
 
@@ -202,3 +203,21 @@ def test_a_cuda_trace_without_kernels_stops_the_run(monkeypatch, capsys, tmp_pat
     assert error.count("\n") == 1 and "holds no GPU kernel events" in error
     assert "small_batch/fixed" in error and "Nsight" in error
     assert list(run.out_dir.iterdir()) == []  # no CPU-looking result left behind
+
+
+@pytest.mark.parametrize("flags, demo, expected", [
+    ("fpu sse2 avx2", "mixed_precision", "cpu_no_amx"),  # no BF16 at all (an AMD EPYC)
+    ("avx512f avx512_bf16", "mixed_precision", "cpu_no_amx"),  # BF16 dot products, no AMX
+    ("avx512f avx512_bf16 amx_bf16 amx_tile", "mixed_precision", "cpu"),  # AMX tiles
+    ("fpu sse2 avx2", "dataloader_workers", "cpu"),  # only mixed_precision has the extra preset
+])
+def test_mixed_precision_runs_small_on_a_cpu_without_bf16_units(monkeypatch, tmp_path, flags,
+                                                                demo, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(harness, "CPUINFO_PATH", cpuinfo)
+    for variant in ("bad", "fixed"):  # the same preset for both: compare checks it
+        run = harness.setup(demo, variant, ["--device", "cpu"])
+        assert run.preset_name == expected
+        assert run.preset == presets.PRESETS[demo][expected] and run.steps == run.preset.steps
+    assert harness.setup(demo, "bad", ["--device", "cpu", "--smoke"]).preset_name == "smoke"
