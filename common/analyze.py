@@ -26,9 +26,11 @@ from common.metrics import (
     IDLE_CAUSES,
     SHORT_KERNEL_US,
     US_PER_MS,
+    attention_metrics,
     extend_steps,
     gpu_metrics,
     host_steps,
+    optimizer_metrics,
     runtime_step_index,
     step_breakdown_ms,
 )
@@ -116,6 +118,9 @@ def analyze(path: Path) -> Analysis:
         # null without shapes): tells a small batch from many small ops (input_batch_of).
         "input_batch": float(np.median(layer_batches)) if layer_batches.size else None,
         "steps_named": bool(columns.steps.size),
+        # The optimizer region (null without one) and attention's shapes and operators.
+        "optimizer": optimizer_metrics(columns, window, n_steps),
+        "attention": attention_metrics(columns, window, n_steps),
     }
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]

@@ -23,6 +23,9 @@ from common.metrics import TimeByName, time_by_name
 VARIANTS = ("bad", "fixed")
 
 
+THROUGHPUT_LABELS = {"samples_per_s": "samples/s", "tokens_per_s": "real tokens/s"}
+
+
 class CompareError(ValueError):
     """A demo directory that cannot be compared; the message says which file and why."""
 
@@ -124,9 +127,14 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
         for variant in VARIANTS:
             del runs[variant]["detail"]
     bad, fixed = (runs[v]["summary"] for v in VARIANTS)
+    # A pair whose batches vary in length (padding_waste) is judged by real tokens/s: its samples
+    # differ in size from step to step, and padding is work that trains nothing.
+    by_tokens = bad.get("tokens_per_s") is not None and fixed.get("tokens_per_s") is not None
+    throughput = "tokens_per_s" if by_tokens else "samples_per_s"
     comparison = {
         "demo": bad.get("demo", demo_dir.name), **runs,
-        "speedup": ratio(fixed["samples_per_s"], bad["samples_per_s"]),
+        "speedup": ratio(fixed[throughput], bad[throughput]),
+        "speedup_of": THROUGHPUT_LABELS[throughput],
         "peak_memory_ratio": ratio(fixed.get("peak_memory_mb"), bad.get("peak_memory_mb")),
         # Per variant, null where an older summary lacks them.
         "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in VARIANTS},
@@ -166,12 +174,16 @@ def gpu_value(name: str):
 # (label, how to read it from one variant, format). Summary numbers first, then the trace's.
 ROWS = [
     ("samples/s", lambda run: run["summary"]["samples_per_s"], ".1f"),
+    ("real tokens/s", lambda run: run["summary"].get("tokens_per_s"), ".0f"),
+    ("padding %", lambda run: run["summary"].get("padding_pct"), ".1f"),
     ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f"),
     ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f"),
     ("peak memory MB", lambda run: run["summary"].get("peak_memory_mb"), ".1f"),
     ("data wait %", lambda run: run["summary"].get("data_wait_pct"), ".1f"),
     ("profiled/timed step", lambda run: profiler_overhead_ratio(run["summary"]), ".2f"),
     ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f"),
+    ("optimizer ms/step", lambda run: (run["analysis"].get("optimizer") or {}).get("ms_per_step"),
+     ".1f"),
     ("GPU utilization %", gpu_value("utilization_pct"), ".1f"),
     ("GPU idle %", gpu_value("idle_pct"), ".1f"),
     *((f"GPU idle: {analyze.IDLE_CAUSE_LABELS[cause]} %",
@@ -243,7 +255,7 @@ def format_text(comparison: dict) -> str:
         lines.append("  " + "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i])
                                       for i, cell in enumerate(row)))
     if comparison["speedup"] is not None:
-        lines.append(f"  fixed / bad: {comparison['speedup']:.2f}x samples/s"
+        lines.append(f"  fixed / bad: {comparison['speedup']:.2f}x {comparison['speedup_of']}"
                      + (f", {comparison['peak_memory_ratio']:.2f}x peak memory"
                         if comparison["peak_memory_ratio"] is not None else ""))
     for variant in VARIANTS:
@@ -296,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("demo_dir", metavar="DEMO_DIR", type=Path,
                         help="e.g. traces/dataloader_workers (holds bad/ and fixed/)")
     parser.add_argument("--json", action="store_true",
-                        help="one JSON object, with speedup and peak_memory_ratio (fixed / bad), "
+                        help="one JSON object, with speedup (fixed / bad, of speedup_of: "
+                             "samples/s, or real tokens/s for a pair that counts them) and "
+                             "peak_memory_ratio, "
                              "data_wait_pct and profiler_overhead_ratio per variant, "
                              "what_changed (operators and kernels), warnings")
     flags = parser.parse_args(argv)

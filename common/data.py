@@ -251,3 +251,66 @@ def staged_features(run) -> list[tuple[torch.Tensor, torch.Tensor]]:
     width, classes, batch = run.sizes["width"], run.sizes["num_classes"], run.batch_size
     return staged(run, lambda g: (torch.randn(batch, width, generator=g),
                                   torch.randint(0, classes, (batch,), generator=g)))
+
+
+# Variable-length texts (padding_waste): lengths from a log-normal, as real text has (most short,
+# a long tail). sigma 1.0: the longest of 32 is typically ~7x the median.
+TEXT_LENGTH_SIGMA = 1.0
+TEXT_MIN_TOKENS = 4
+PAD_TOKEN = 0  # token id 0 is padding; texts use 1..vocab-1
+
+
+@dataclass
+class Texts:
+    """Token ids of variable-length texts (a list, one 1-D tensor each) and a class label each."""
+    tokens: list[torch.Tensor]
+    labels: torch.Tensor
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(t) for t in self.tokens])
+
+
+def variable_length_texts(run) -> Texts:
+    """One text per sample the run trains on (run.total_steps batches: one epoch), lengths
+    log-normal around sizes["median_len"] and clipped to [TEXT_MIN_TOKENS, sizes["max_len"]],
+    random tokens and labels, all from run.seed."""
+    sizes = run.sizes
+    rng = np.random.default_rng(run.seed)
+    count = run.batch_size * run.total_steps
+    lengths = np.clip(rng.lognormal(np.log(sizes["median_len"]), TEXT_LENGTH_SIGMA, count),
+                      TEXT_MIN_TOKENS, sizes["max_len"]).astype(int)
+    generator = torch.Generator().manual_seed(run.seed)
+    tokens = [torch.randint(1, sizes["vocab"], (int(n),), generator=generator) for n in lengths]
+    return Texts(tokens, torch.randint(0, sizes["num_classes"], (count,), generator=generator))
+
+
+def random_order(run, texts: Texts) -> np.ndarray:
+    """The texts in a random order (a shuffled epoch), from run.seed."""
+    return np.random.default_rng(run.seed).permutation(len(texts.tokens))
+
+
+def length_sorted_order(run, texts: Texts) -> np.ndarray:
+    """The texts sorted by length, cut into batches, and the batches shuffled (run.seed): every
+    batch holds texts of about one length, and the epoch still visits lengths at random."""
+    by_length = np.argsort(texts.lengths, kind="stable")
+    batches = by_length.reshape(-1, run.batch_size)
+    return batches[np.random.default_rng(run.seed).permutation(len(batches))].ravel()
+
+
+def padded_batches(run, texts: Texts, order: np.ndarray
+                   ) -> tuple[list[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]],
+                              list[tuple[int, int]]]:
+    """The texts in `order`, run.batch_size at a time, each batch padded to its longest text:
+    ((tokens [batch, longest], padding mask [batch, longest], True at padding), labels) on the
+    device, and each batch's (real, padded) token counts."""
+    batches, counts = [], []
+    for start in range(0, len(order), run.batch_size):
+        chosen = order[start:start + run.batch_size]
+        rows = [texts.tokens[i] for i in chosen]
+        tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=PAD_TOKEN)
+        mask = tokens == PAD_TOKEN
+        batches.append(((tokens.to(run.device), mask.to(run.device)),
+                        texts.labels[chosen].to(run.device)))
+        counts.append((int(sum(len(r) for r in rows)), int(tokens.numel())))
+    return batches, counts

@@ -59,10 +59,11 @@ KEY_AVERAGES_FILE = "key_averages.txt"
 # What each demo's lesson reads from its trace beyond times. record_shapes (operator input shapes
 # and dtypes) and profile_memory (every allocation) add CPU time to each operator, which makes a
 # launch-bound step look slower than it is, so each is on only where a demo needs it.
-RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision"})  # batch dims; BF16 input types
+RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attention",
+                                 "padding_waste"})  # batch dims; BF16 types; s x s scores; lengths
 # On a GPU the peak comes from torch.cuda.max_memory_allocated; the trace's memory events are the
 # lesson only where memory is. On a CPU every demo reads its peak from them.
-PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing"})
+PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention"})
 
 
 @dataclass
@@ -82,6 +83,10 @@ class Run:
     # Seconds the training step spent getting its batch (training_step adds to it); None for a
     # demo that writes its own step.
     data_wait_s: float | None = None
+    # Tokens in the batches taken so far, real and with padding, for a demo of variable-length
+    # batches (train_on_device's token_counts); None for every other demo.
+    real_tokens: int | None = None
+    padded_tokens: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -329,11 +334,16 @@ def note_cpu_bf16(run: Run) -> None:
 def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
                     autocast_dtype: torch.dtype | None = None,
-                    loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
+                    loss_fn: Callable = torch.nn.functional.cross_entropy,
+                    token_counts: list[tuple[int, int]] | None = None) -> dict:
     """Train on (inputs, targets) batches that already sit on the device, taken in turn, so the
     measurement holds the model's step and nothing of data loading. With `autocast_dtype`, the
-    forward pass and the loss run under torch.autocast in that dtype. Returns the summary."""
+    forward pass and the loss run under torch.autocast in that dtype. `token_counts`: (real,
+    padded) tokens of each batch, counted on the host as the batches are taken, so the summary
+    gains tokens_per_s (real tokens) and padding_pct. Returns the summary."""
     cycle = itertools.cycle(batches)
+    if token_counts is not None:
+        cycle = counting_tokens(run, cycle, itertools.cycle(token_counts))
     dtype_name = None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch.")
     run.config.update(data="staged on the device", staged_batches=len(batches),
                       autocast_dtype=dtype_name, **tf32_in_force())
@@ -341,6 +351,16 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
         note_cpu_bf16(run)
     return measure(run, training_step(run, model, optimizer, lambda: next(cycle), loss_fn,
                                       autocast_dtype))
+
+
+def counting_tokens(run: Run, batches: Iterator, counts: Iterator[tuple[int, int]]) -> Iterator:
+    """The batches, adding each one's (real, padded) tokens to the run's counters as it is taken:
+    host integers, so counting makes nothing wait for the device."""
+    run.real_tokens = run.padded_tokens = 0
+    for batch, (real, padded) in zip(batches, counts):
+        run.real_tokens += real
+        run.padded_tokens += padded
+        yield batch
 
 
 def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
@@ -491,7 +511,12 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         torch.cuda.reset_peak_memory_stats(run.device)
     log(run, f"timed: {run.steps} steps without the profiler")
     data_wait_before_s = run.data_wait_s
+    tokens_before = (run.real_tokens, run.padded_tokens)
     wall_s, step_ms = clocked_steps(run, step, run.steps, "timed")
+    tokens_per_s = padding_pct = None
+    if run.real_tokens is not None:  # over the timed steps, like samples/s
+        real, padded = run.real_tokens - tokens_before[0], run.padded_tokens - tokens_before[1]
+        tokens_per_s, padding_pct = real / wall_s, 100.0 * (1 - real / padded)
     data_wait_pct = (None if run.data_wait_s is None
                      else 100.0 * (run.data_wait_s - data_wait_before_s) / wall_s)
     log(run, f"profiling: {PROFILED_STEPS} steps ({PROFILE_ACTIVE_STEPS} recorded)")
@@ -519,6 +544,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "warmup_steps": run.preset.warmup_steps, "seed": run.seed,
         "main_process_threads": torch.get_num_threads(),
         "samples_per_s": run.steps * run.batch_size / wall_s,
+        "tokens_per_s": tokens_per_s, "padding_pct": padding_pct,  # null: no token counts
         "step_ms_mean": float(step_ms.mean()),
         "step_ms_p50": step_ms_p50,
         "step_ms_p95": float(np.percentile(step_ms, 95)),
@@ -548,6 +574,9 @@ def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
              f"p95 {summary['step_ms_p95']:.1f} ms | peak memory "
              f"{'n/a' if peak is None else f'{peak:.0f} MB'}"
              f"{'' if wait is None else f' | waiting for data {wait:.1f} % of the time'}")
+    if summary["tokens_per_s"] is not None:
+        log(run, f"{summary['tokens_per_s']:.0f} real tokens/s | padding "
+                 f"{summary['padding_pct']:.1f} % of the tokens computed")
     log(run, f"config: {json.dumps(summary['config'])}")
     for note in summary["notes"]:
         log(run, f"note: {note}")

@@ -9,7 +9,7 @@ import numpy as np
 
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
 from common.syncs import gap_of, host_syncs, step_index, sync_metrics
-from common.trace_columns import TraceColumns
+from common.trace_columns import OPTIMIZER_REGION, ROLE_REGION, TraceColumns, name_role
 
 # Definitions (sources in README.md, "Analyzing a trace"):
 #   steps        ProfilerStep#N spans (none: the whole trace is one step), each extended to the end
@@ -208,6 +208,57 @@ def time_by_name(columns: TraceColumns, window: tuple[float, float],
     return TimeByName(operators, per_name(columns.kernel_name_id[in_window],
                                           columns.kernel_name_table,
                                           (kernels.end - kernels.start)[in_window], n_steps))
+
+
+# --- The optimizer and attention, from operator names and shapes. -----------------------------
+
+# Operators that update many tensors at once: torch.optim's foreach (aten::_foreach_mul_, ...) and
+# fused (aten::_fused_adamw_, aten::_fused_sgd_) implementations.
+MULTI_TENSOR_MARKERS = ("_foreach_", "_fused_")
+# scaled_dot_product_attention and the kernels it dispatches to (aten::_scaled_dot_product_flash_
+# attention, ..._efficient_attention, ..._cudnn_attention, ..._flash_attention_for_cpu).
+SDPA_MARKER = "scaled_dot_product"
+
+
+def ops_named(columns: TraceColumns, keep, mask: np.ndarray) -> np.ndarray:
+    """Which of the operators under `mask` have a name for which keep(name) holds (decided once
+    per distinct name)."""
+    names = columns.cpu_op_names[mask]
+    verdict = {name: keep(name) for name in set(names.tolist())}
+    return np.fromiter((verdict[name] for name in names), bool, names.size)
+
+
+def optimizer_metrics(columns: TraceColumns, window: tuple[float, float],
+                      n_steps: int) -> dict | None:
+    """The optimizer region in the window (our "optimizer" spans and torch.optim's own
+    Optimizer.step#... ones): its time, and the operators that start inside it; None without."""
+    low, high = window
+    region = clip(merge(columns.regions[OPTIMIZER_REGION]), low, high)
+    if not region.size:
+        return None
+    ops = columns.cpu_ops
+    index = np.searchsorted(region.start, ops.start, side="right") - 1
+    inside = index >= 0
+    inside[inside] = ops.start[inside] < region.end[index[inside]]
+    # Not the region's own spans, where a trace writes them as operators (the 2021 vocabulary).
+    inside[inside] = ~ops_named(columns, lambda n: name_role(n) == ROLE_REGION, inside)
+    multi_tensor = ops_named(columns, lambda n: any(m in n for m in MULTI_TENSOR_MARKERS), inside)
+    return {"ms_per_step": total(region) / US_PER_MS / n_steps,
+            "pct": 100.0 * total(region) / (high - low) if high > low else 0.0,
+            "ops_per_step": float(inside.sum()) / n_steps,
+            "multi_tensor_ops_per_step": float(multi_tensor.sum()) / n_steps}
+
+
+def attention_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int) -> dict:
+    """The largest square softmax in the window (s of a [..., s, s] input; null without shapes
+    or square softmaxes) and the scaled-dot-product-attention operators per step."""
+    low, high = window
+    ops = columns.cpu_ops
+    in_window = (ops.start >= low) & (ops.start < high)
+    sdpa = ops_named(columns, lambda n: SDPA_MARKER in n, in_window)
+    sides = columns.softmax_side[(columns.softmax_ts >= low) & (columns.softmax_ts < high)]
+    return {"square_softmax_max": float(sides.max()) if sides.size else None,
+            "sdpa_ops_per_step": float(sdpa.sum()) / n_steps}
 
 
 # --- Why the GPU is idle. ----------------------------------------------------------------------

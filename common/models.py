@@ -1,6 +1,7 @@
 """Models and optimizers for the demos, already on the run's device."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -109,3 +110,138 @@ def residual_mlp(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     optimizer = torch.optim.SGD(model.parameters(), lr=MLP_SGD_LR, momentum=SGD_MOMENTUM,
                                 fused=True)
     return model, optimizer
+
+
+class NormedBlock(torch.nn.Module):
+    """x + gelu(linear(layer_norm(x))): four parameter tensors (two of the norm, two of the
+    linear layer), little math each."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.gelu(self.linear(self.norm(x)))
+
+
+def normed_mlp(run) -> torch.nn.Module:
+    """`blocks` NormedBlocks of run.sizes["width"] and a classifier head: 4 x blocks + 2
+    parameter tensors, as many as a mid-sized transformer has."""
+    sizes = run.sizes
+    blocks = [NormedBlock(sizes["width"]) for _ in range(sizes["blocks"])]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(sizes["width"], sizes["num_classes"])
+                               ).to(run.device)
+
+
+def adamw(run, model: torch.nn.Module, **implementation: bool) -> torch.optim.AdamW:
+    """AdamW at ADAMW_LR over the model's parameters; `implementation`: torch's foreach or fused
+    flag, written to run.config and said in the output (harness.log)."""
+    params = list(model.parameters())
+    chosen = ", ".join(f"{flag}={value}" for flag, value in implementation.items()) or "default"
+    run.config.update(optimizer=f"AdamW({chosen})", parameter_tensors=len(params))
+    print(f"[{run.demo}/{run.variant}] optimizer: AdamW({chosen}) over {len(params)} parameter "
+          f"tensors", flush=True)
+    return torch.optim.AdamW(params, lr=ADAMW_LR, **implementation)
+
+
+def fused_or_foreach(run) -> dict[str, bool]:
+    """{"fused": True} where this torch has a fused AdamW for the device (CUDA; CPU since torch
+    2.4), else {"foreach": True}: the fastest AdamW there is."""
+    probe = torch.zeros(1, device=run.device, requires_grad=True)
+    try:
+        torch.optim.AdamW([probe], fused=True)
+    except (RuntimeError, ValueError):  # "fused=True requires ... supported devices"
+        return {"foreach": True}
+    return {"fused": True}
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / √d) v, as papers write it: q, k, v [batch, heads, seq, head_dim]; the
+    scores are a [batch, heads, seq, seq] tensor, and so is the softmax kept for backward."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+class AttentionBlock(torch.nn.Module):
+    """x + out(attention(q, k, v)) with q, k, v from one projection of layer_norm(x): self-attention
+    alone (no MLP), so the attention is most of the block's work. `attention(q, k, v)` takes and
+    returns [batch, heads, seq, head_dim]."""
+
+    def __init__(self, d_model: int, heads: int, attention: Callable):
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.out = torch.nn.Linear(d_model, d_model)
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [batch, seq, d_model]
+        batch, seq, d_model = x.shape
+        qkv = self.qkv(self.norm(x)).view(batch, seq, 3, self.heads, d_model // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [batch, heads, seq, head_dim]
+        y = self.attention(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
+        return x + self.out(y)
+
+
+class AttentionLM(torch.nn.Module):
+    """Token ids -> embedding + learned positions -> AttentionBlocks -> a linear head over the
+    vocabulary at every position."""
+
+    def __init__(self, vocab: int, d_model: int, heads: int, blocks: int, seq_len: int,
+                 attention: Callable):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d_model)
+        self.position = torch.nn.Parameter(torch.zeros(seq_len, d_model))
+        self.blocks = torch.nn.ModuleList(AttentionBlock(d_model, heads, attention)
+                                          for _ in range(blocks))
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.head = torch.nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [batch, seq] -> [batch, seq, vocab]
+        x = self.embed(tokens) + self.position
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def attention_lm(run, attention: Callable) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """AttentionLM sized by run.sizes (vocab, d_model, heads, blocks, seq_len) with this
+    attention function, and AdamW."""
+    sizes = run.sizes
+    model = AttentionLM(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
+                        sizes["seq_len"], attention).to(run.device)
+    return model, torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)
+
+
+class TextClassifier(torch.nn.Module):
+    """Padded token ids -> embedding + learned positions -> pre-norm encoder blocks that ignore
+    the padding (src_key_padding_mask) -> the mean of the real positions -> a linear head."""
+
+    def __init__(self, vocab: int, d_model: int, heads: int, blocks: int, max_len: int,
+                 num_classes: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d_model, padding_idx=0)
+        self.position = torch.nn.Parameter(torch.zeros(max_len, d_model))
+        self.encoder = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model,
+                                             dropout=0.0, activation="gelu", batch_first=True,
+                                             norm_first=True),
+            blocks, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(d_model, num_classes)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        tokens, padding = batch  # [batch, longest], True where padding
+        x = self.embed(tokens) + self.position[:tokens.size(1)]
+        x = self.encoder(x, src_key_padding_mask=padding)
+        real = (~padding).unsqueeze(-1).to(x.dtype)
+        return self.head((x * real).sum(dim=1) / real.sum(dim=1))  # mean over real tokens
+
+
+def text_classifier(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """TextClassifier sized by run.sizes (vocab, d_model, heads, blocks, max_len, num_classes),
+    and AdamW."""
+    sizes = run.sizes
+    model = TextClassifier(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
+                           sizes["max_len"], sizes["num_classes"]).to(run.device)
+    return model, torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)

@@ -99,6 +99,50 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "smoke": Preset(batch_size=8, steps=5, warmup_steps=2,
                         sizes=dict(width=16, blocks=2, num_classes=10)),
     },
+    "naive_attention": {
+        # 4 attention blocks of d_model 1024 (16 heads of 64) over 8 x 2048 tokens in BF16: written
+        # out, each block keeps its [8, 16, 2048, 2048] softmax for backward (2 GiB in FP32, as
+        # autocast runs softmax) beside 1 GiB of BF16 scores; SDPA's Flash kernel keeps none.
+        "cuda": Preset(batch_size=8, steps=20, warmup_steps=5,
+                       sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=4, seq_len=2048)),
+        # 2 blocks of d_model 512 (8 heads of 64) over 4 x 1024 tokens, FP32, one core: the
+        # written-out attention took 947 ms forward and backward per block against SDPA's 333 ms
+        # (issue 14, on the project's 2-core box); its scores are 128 MB a block.
+        "cpu": Preset(batch_size=4, steps=3, warmup_steps=1,
+                      sizes=dict(vocab=1024, d_model=512, heads=8, blocks=2, seq_len=1024)),
+        # Tiny but long: 512 tokens, the verdict's cut, so the smoke trace can show it.
+        "smoke": Preset(batch_size=1, steps=3, warmup_steps=1,
+                        sizes=dict(vocab=64, d_model=32, heads=2, blocks=1, seq_len=512)),
+    },
+    "padding_waste": {
+        # A 4-block transformer classifier (d_model 512) on texts of a median 128 tokens, up to
+        # 1024, 64 a batch: a random batch is padded to ~900 tokens, about 85 % of it padding.
+        "cuda": Preset(batch_size=64, steps=100, warmup_steps=10,
+                       sizes=dict(vocab=8192, d_model=512, heads=8, blocks=4, max_len=1024,
+                                  median_len=128, num_classes=10)),
+        # 2 blocks of d_model 128 on texts of a median 64 tokens, up to 512, 32 a batch.
+        "cpu": Preset(batch_size=32, steps=20, warmup_steps=2,
+                      sizes=dict(vocab=1024, d_model=128, heads=4, blocks=2, max_len=512,
+                                 median_len=64, num_classes=10)),
+        "smoke": Preset(batch_size=8, steps=3, warmup_steps=1,
+                        sizes=dict(vocab=64, d_model=32, heads=2, blocks=1, max_len=128,
+                                   median_len=16, num_classes=10)),
+    },
+    "unfused_optimizer": {
+        # 200 blocks 512 wide (802 parameter tensors), batch 128: each block's kernels take a few
+        # us on an H100, so a for-each-tensor AdamW (~12 kernels per tensor, ~10,000 launches)
+        # costs more than the forward and backward together; fused=True is one kernel per
+        # group of tensors.
+        "cuda": Preset(batch_size=128, steps=100, warmup_steps=10,
+                       sizes=dict(width=512, blocks=200, num_classes=10)),
+        # 100 blocks 128 wide (402 tensors), batch 64, one core: AdamW(foreach=False) ~22 ms a
+        # step, fused ~4 ms (issue 14, measured on the 2-core box), beside ~15 ms of model.
+        "cpu": Preset(batch_size=64, steps=30, warmup_steps=3,
+                      sizes=dict(width=128, blocks=100, num_classes=10)),
+        # 50 blocks 16 wide (202 tensors): little math, so the per-tensor loop shows even here.
+        "smoke": Preset(batch_size=8, steps=3, warmup_steps=1,
+                        sizes=dict(width=16, blocks=50, num_classes=10)),
+    },
     "item_sync": {
         # 16 blocks 1024 wide, batch 1024: each block's matmul (2 GFLOP in FP32, ~40 us on an H100)
         # takes about as long as the CPU needs to launch the block's dozen small ops, so the

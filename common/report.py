@@ -37,7 +37,7 @@ REPORT_HTML = "report.html"
 FIGURES_DIR = "report_files"
 # Pairs whose lesson is memory: their sections get a memory-over-time plot (any pair whose trace
 # draws an activation_memory verdict gets one too).
-MEMORY_CURVE_DEMOS = ("activation_checkpointing", "mixed_precision")
+MEMORY_CURVE_DEMOS = ("activation_checkpointing", "mixed_precision", "naive_attention")
 FIGURE_DPI = 110  # ~1100 px wide figures: sharp in a browser, ~50 KB each
 # Timeline bars closer than this share of the time axis merge into one (below a pixel): keeps a
 # trace of 100 000 kernels drawable.

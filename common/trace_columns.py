@@ -47,6 +47,11 @@ CPU_OP_CATEGORIES = {"cpu_op", "operator", "python"}
 # The harness's record_function regions, drawn on the report's CPU timeline.
 REGION_NAMES = ("data", "forward", "backward", "optimizer")
 DATALOADER_REGION = "DataLoader"
+# torch.optim wraps every optimizer.step() in a record_function of its own ("Optimizer.step#AdamW.
+# step", torch/optim/optimizer.py): counted into the "optimizer" region, so traces recorded
+# without our harness have one too.
+OPTIMIZER_REGION = "optimizer"
+OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
 
 # The forward layers whose input's first dimension is the batch, read from "Input Dims" (written
 # with record_shapes=True, as our harness records): what the small-batch and launch-overhead
@@ -55,6 +60,9 @@ DATALOADER_REGION = "DataLoader"
 # dimension is the batch. A compiled model (torch.compile) calls neither: no evidence then.
 CONVOLUTION_OPS = ("aten::conv1d", "aten::conv2d", "aten::conv3d")
 LINEAR_OPS = ("aten::linear",)
+# Softmax calls (with record_shapes): attention written by hand runs one over a [..., s, s] score
+# matrix; its "Input Dims" give s (softmax_rows).
+SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
 
 # Kernel launches: runtime and driver API calls that put a kernel (or a whole CUDA graph) in a
 # stream. Prefix match, so cudaLaunchKernelExC and cuLaunchKernelEx count. ROCm's Kineto writes
@@ -121,6 +129,9 @@ class TraceColumns:
     device_properties: list[dict]
     batch_ts: np.ndarray  # start (µs) of each forward conv/linear call with shapes
     batch_rows: np.ndarray  # its batch dimension (input_batch_of)
+    # start (µs) and s of each softmax over a square [..., s, s] input (square_softmax_side)
+    softmax_ts: np.ndarray = field(default_factory=lambda: np.empty(0))
+    softmax_side: np.ndarray = field(default_factory=lambda: np.empty(0))
     # What the sync attribution reads (syncs.host_syncs): the thread of each runtime call and
     # operator (thread_ids), the operators' names, each copy's direction and source, the
     # cuda_sync events that made the host wait, and whether the runtime is HIP (ROCm).
@@ -183,7 +194,7 @@ def correlations(events: list) -> np.ndarray:
 
 # What a CPU span's name says: nothing, a step, a DataLoader fetch, one of our regions, or a
 # forward layer whose input shape gives the batch.
-ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION, ROLE_LAYER = 0, 1, 2, 3, 4
+ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION, ROLE_LAYER, ROLE_SOFTMAX = range(6)
 
 
 def name_role(name: str) -> int:
@@ -193,7 +204,21 @@ def name_role(name: str) -> int:
         return ROLE_DATALOADER
     if name in CONVOLUTION_OPS or name in LINEAR_OPS:
         return ROLE_LAYER
-    return ROLE_REGION if name in REGION_NAMES else ROLE_OTHER
+    if name in SOFTMAX_OPS:
+        return ROLE_SOFTMAX
+    if name in REGION_NAMES or name.startswith(OPTIMIZER_STEP_PREFIX):
+        return ROLE_REGION
+    return ROLE_OTHER
+
+
+def square_softmax_side(input_dims) -> int | None:
+    """s of a softmax over a [..., s, s] input, from its "Input Dims"; None for any other."""
+    if not isinstance(input_dims, list) or not input_dims or not isinstance(input_dims[0], list):
+        return None
+    shape = input_dims[0]
+    if len(shape) < 2 or not all(isinstance(size, int) for size in shape[-2:]):
+        return None
+    return shape[-1] if shape[-1] == shape[-2] else None
 
 
 def input_batch_of(name: str, input_dims) -> int | None:
@@ -221,6 +246,7 @@ class Pieces:
     gpu_pids: set = field(default_factory=set)
     named_spans: list[tuple[str, float, float, object]] = field(default_factory=list)
     layer_batches: list[tuple[float, int]] = field(default_factory=list)  # (start µs, batch)
+    square_softmaxes: list[tuple[float, int]] = field(default_factory=list)  # (start µs, s)
     kind_by_category: dict = field(default_factory=dict)
     role_by_name: dict[str, int] = field(default_factory=dict)
     runtime_by_name: dict[str, int] = field(default_factory=dict)  # LAUNCH_BIT | SYNC_BIT
@@ -311,16 +337,21 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
     for name in set(names) - roles_by_name.keys():
         roles_by_name[name] = name_role(name)
     roles = np.fromiter(map(roles_by_name.__getitem__, names), np.int8, len(names))
-    for index in np.flatnonzero((roles != ROLE_OTHER) & (roles != ROLE_LAYER)):  # a few per step
+    named = (roles == ROLE_STEP) | (roles == ROLE_DATALOADER) | (roles == ROLE_REGION)
+    for index in np.flatnonzero(named):  # a few per step
         pieces.named_spans.append((names[index], float(spans.start[index]),
                                    float(spans.end[index]), group[index].pid))
     for index in np.flatnonzero(roles == ROLE_LAYER):  # one per conv or linear layer per step
         batch = input_batch_of(names[index], trace.decoded(group[index].args.input_dims))
         if batch is not None:
             pieces.layer_batches.append((float(spans.start[index]), batch))
+    for index in np.flatnonzero(roles == ROLE_SOFTMAX):  # a few per attention layer per step
+        side = square_softmax_side(trace.decoded(group[index].args.input_dims))
+        if side is not None:
+            pieces.square_softmaxes.append((float(spans.start[index]), side))
     if kind == "cpu_op":  # the plugin's CPU extent: operators (and steps)
         widen(pieces.cpu_extent, spans)
-        work = (roles == ROLE_OTHER) | (roles == ROLE_REGION) | (roles == ROLE_LAYER)
+        work = ~((roles == ROLE_STEP) | (roles == ROLE_DATALOADER))
         pieces.add("cpu_op_start", spans.start[work])
         pieces.add("cpu_op_end", spans.end[work])
         pieces.add("cpu_op_thread", thread_ids(pieces, group)[work])  # sync attribution
@@ -374,6 +405,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
                      np.array([e for _, e in chosen], dtype=np.float64))
 
     regions = {name: spans_named(lambda n, name=name: n == name) for name in REGION_NAMES}
+    regions[OPTIMIZER_REGION] = spans_named(lambda n: n == OPTIMIZER_REGION
+                                            or n.startswith(OPTIMIZER_STEP_PREFIX))
     dataloader = spans_named(lambda n: name_role(n) == ROLE_DATALOADER)
     regions[DATALOADER_REGION] = dataloader
     memcpy_h2d = pieces.column("memcpy_h2d", bool)
@@ -401,6 +434,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         device_properties=properties if isinstance(properties, list) else [],
         batch_ts=np.array([ts for ts, _ in pieces.layer_batches], dtype=np.float64),
         batch_rows=np.array([rows for _, rows in pieces.layer_batches], dtype=np.float64),
+        softmax_ts=np.array([ts for ts, _ in pieces.square_softmaxes], dtype=np.float64),
+        softmax_side=np.array([side for _, side in pieces.square_softmaxes], dtype=np.float64),
         runtime_thread=pieces.column("runtime_thread", np.int64),
         cpu_op_thread=pieces.column("cpu_op_thread", np.int64),
         cpu_op_names=pieces.column("cpu_op_name", object),

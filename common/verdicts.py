@@ -2,7 +2,7 @@
 its evidence, the fix and the demo that shows it."""
 from __future__ import annotations
 
-from common.metrics import SHORT_KERNEL_US
+from common.metrics import SHORT_KERNEL_US, US_PER_MS
 
 # --- Verdict thresholds. ----------------------------------------------------------------------
 DATALOADER_SHARE_MIN_PCT = 20.0  # % of the window; gpu-idle and fournex use 20 %
@@ -32,6 +32,20 @@ FP32_GEMM_MIN_PCT = 20.0  # % of kernel time
 ACTIVATION_MEMORY_MIN_PCT = 85.0  # peak allocated, % of the GPU's memory; peers' rule
 ACTIVATION_MEMORY_HIGH_PCT = 95.0  # % of the GPU: the next larger step is likely out of memory
 H2D_MIN_PCT = 10.0  # % of the window in host-to-device copies no kernel overlaps; peers' rule
+# Optimizer overhead: "high time in optimizer.step: use a fused optimizer" (practitioners'
+# guides); 15 % of the step is issue 14's cut. Per-tensor: no multi-tensor operator
+# (metrics.MULTI_TENSOR_MARKERS) runs in the optimizer region.
+UNFUSED_OPTIMIZER_MIN_PCT = 15.0  # % of the window in the optimizer region
+# ...and its time goes to per-operator overhead, not to moving bytes: the region's time over the
+# operators in it. Eager PyTorch pays a few µs of dispatch (and, on a GPU, launch) per operator;
+# AdamW(foreach=False) over 402 small tensors measured 4.3 µs per operator on the project's
+# 2-core box, SGD over ResNet-18's 62 large tensors 45-51 µs (its time is the 11 M weights, which
+# a fused kernel reads just the same). Our cut, between the two.
+UNFUSED_OPTIMIZER_MAX_US_PER_OP = 20.0  # µs of the optimizer region per operator in it
+# Hand-written attention: a softmax over a square [..., s, s] score matrix with s at least this
+# (issue 14; at 512 tokens the matrix of one head already holds 256 K scores a sample), and no
+# scaled_dot_product_attention operator in the window.
+NAIVE_ATTENTION_MIN_SEQ = 512  # tokens
 # Severity: "high" when a value is twice its threshold (half, for an upper limit). Our choice,
 # only to order the findings.
 SEVERITY_HIGH_FACTOR = 2.0
@@ -250,8 +264,45 @@ def rule_h2d_copy(m: dict) -> dict | None:
                    "; ".join(fixes), "dataloader_workers")
 
 
+def rule_unfused_optimizer(m: dict) -> dict | None:
+    optimizer = m.get("optimizer")
+    if (not optimizer or optimizer["pct"] < UNFUSED_OPTIMIZER_MIN_PCT
+            or optimizer["multi_tensor_ops_per_step"] > 0 or not optimizer["ops_per_step"]):
+        return None
+    us_per_op = optimizer["ms_per_step"] * US_PER_MS / optimizer["ops_per_step"]
+    if us_per_op > UNFUSED_OPTIMIZER_MAX_US_PER_OP:
+        return None
+    return finding(
+        "unfused_optimizer", severity(optimizer["pct"], UNFUSED_OPTIMIZER_MIN_PCT),
+        f"optimizer bound: optimizer.step takes {optimizer['pct']:.0f} % of the window "
+        f"({optimizer['ms_per_step']:.1f} ms/step) in {optimizer['ops_per_step']:.0f} operators "
+        f"per step ({us_per_op:.1f} us each), none of them multi-tensor (_foreach_/_fused_): "
+        f"one small update per parameter tensor (rule: >= {UNFUSED_OPTIMIZER_MIN_PCT:.0f} %, "
+        f"<= {UNFUSED_OPTIMIZER_MAX_US_PER_OP:.0f} us per operator, no multi-tensor op)",
+        "update every tensor in a few kernels: torch.optim.AdamW(params, fused=True) (CUDA; CPU "
+        "since torch 2.4), or foreach=True; a hand-written loop over parameters becomes "
+        "torch._foreach_* calls", "unfused_optimizer")
+
+
+def rule_naive_attention(m: dict) -> dict | None:
+    attention = m.get("attention") or {}
+    side = attention.get("square_softmax_max")
+    if side is None or side < NAIVE_ATTENTION_MIN_SEQ or attention["sdpa_ops_per_step"] > 0:
+        return None
+    return finding(
+        "naive_attention", severity(side, NAIVE_ATTENTION_MIN_SEQ),
+        f"attention written out: a softmax over a square [..., {side:.0f}, {side:.0f}] score "
+        f"matrix and no scaled_dot_product_attention operator (rule: s >= "
+        f"{NAIVE_ATTENTION_MIN_SEQ} tokens, from record_shapes): each head's s x s scores are "
+        f"written to memory, read back and kept for backward",
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v): Flash or memory-efficient "
+        "kernels on a GPU, a fused kernel on a CPU, that never hold the s x s matrix",
+        "naive_attention")
+
+
 RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,
-         rule_launch_overhead, rule_host_sync, rule_h2d_copy)
+         rule_launch_overhead, rule_host_sync, rule_h2d_copy, rule_unfused_optimizer,
+         rule_naive_attention)
 
 
 def findings_for(metrics: dict) -> list[dict]:

@@ -1,0 +1,102 @@
+"""The unfused_optimizer and naive_attention verdicts on hand-built traces: each threshold one step
+either side, and what silences each (a multi-tensor op, an SDPA op, a non-square softmax)."""
+from __future__ import annotations
+
+import pytest
+
+from common import analyze
+from common.verdicts import (
+    NAIVE_ATTENTION_MIN_SEQ,
+    UNFUSED_OPTIMIZER_MAX_US_PER_OP,
+    UNFUSED_OPTIMIZER_MIN_PCT,
+)
+from tests.kineto_builder import KinetoTrace
+
+T0 = 1_000_000.0  # µs
+STEP_US = 10_000.0
+
+
+def optimizer_trace(pct: float, ops: int, us_per_op: float, region: str = "optimizer",
+                    op_name: str = "aten::mul_", vocabulary: str = "current") -> KinetoTrace:
+    """Two CPU steps of STEP_US, each with an optimizer region of pct % of it holding `ops`
+    operators spaced evenly, each lasting us_per_op (the region's time over its ops is then
+    pct % x STEP_US / ops; us_per_op only sets the ops' own length)."""
+    t = KinetoTrace(vocabulary=vocabulary)
+    for index in range(2):
+        at = T0 + index * STEP_US
+        t.step(index + 1, at, STEP_US)
+        t.op("aten::addmm", at + 10, 100)
+        region_us = STEP_US * pct / 100
+        region_at = at + STEP_US - region_us - 1
+        t.annotation(region, region_at, region_us)
+        for k in range(ops):
+            t.op(op_name, region_at + k * region_us / ops, us_per_op)
+    return t
+
+
+def ids(tmp_path, built: KinetoTrace) -> list[str]:
+    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
+    return [f["id"] for f in result["findings"]]
+
+
+@pytest.mark.parametrize("vocabulary", ["2021", "current", "tensorboard"])
+def test_unfused_optimizer_share_threshold(tmp_path, vocabulary):
+    # 200 ops in a region of 15.1 % of 10 ms: 7.55 µs of region per op.
+    above = optimizer_trace(UNFUSED_OPTIMIZER_MIN_PCT + 0.1, 200, 5, vocabulary=vocabulary)
+    result = analyze.analyze_trace(above.write(tmp_path / "a.json"))
+    assert result["optimizer"]["pct"] == pytest.approx(UNFUSED_OPTIMIZER_MIN_PCT + 0.1)
+    assert result["optimizer"]["ms_per_step"] == pytest.approx(STEP_US * 0.151 / 1000)
+    assert result["optimizer"]["ops_per_step"] == 200
+    assert [f["id"] for f in result["findings"]] == ["unfused_optimizer"]
+    below = optimizer_trace(UNFUSED_OPTIMIZER_MIN_PCT - 0.1, 200, 5, vocabulary=vocabulary)
+    assert ids(tmp_path, below) == []
+
+
+def test_unfused_optimizer_per_op_threshold(tmp_path):
+    region_us = STEP_US * 0.30  # 30 % of the step, 3000 µs
+    under = round(region_us / (UNFUSED_OPTIMIZER_MAX_US_PER_OP - 0.5))  # 154 ops: 19.5 µs each
+    over = round(region_us / (UNFUSED_OPTIMIZER_MAX_US_PER_OP + 0.5))  # 146 ops: 20.5 µs each
+    assert ids(tmp_path, optimizer_trace(30, under, 5)) == ["unfused_optimizer"]
+    assert ids(tmp_path, optimizer_trace(30, over, 5)) == []  # the time is bytes, not overhead
+
+
+def test_a_multi_tensor_op_or_no_region_silences_it(tmp_path):
+    assert ids(tmp_path, optimizer_trace(30, 200, 5, op_name="aten::_foreach_mul_")) == []
+    assert ids(tmp_path, optimizer_trace(30, 200, 5, op_name="aten::_fused_adamw_")) == []
+    result = analyze.analyze_trace(optimizer_trace(30, 200, 5, region="forward")
+                                   .write(tmp_path / "t.json"))
+    assert result["optimizer"] is None and result["findings"] == []
+
+
+def test_torch_optims_own_step_span_is_the_region(tmp_path):
+    """A trace recorded without our harness: torch.optim's Optimizer.step#AdamW.step span."""
+    built = optimizer_trace(30, 200, 5, region="Optimizer.step#AdamW.step")
+    result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
+    assert result["optimizer"]["pct"] == pytest.approx(30)
+    assert [f["id"] for f in result["findings"]] == ["unfused_optimizer"]
+
+
+def attention_trace(softmax_dims: list, sdpa: bool = False) -> KinetoTrace:
+    t = KinetoTrace()
+    t.step(1, T0, STEP_US)
+    t.span("op", "aten::softmax", T0 + 100, 500, **{"Input Dims": softmax_dims})
+    t.span("op", "aten::_softmax", T0 + 110, 480, **{"Input Dims": softmax_dims})
+    if sdpa:  # elsewhere in the step, SDPA does the attention (and a softmax is something else)
+        t.op("aten::scaled_dot_product_attention", T0 + 1000, 500)
+    return t
+
+
+@pytest.mark.parametrize("side, fires", [(NAIVE_ATTENTION_MIN_SEQ, True),
+                                         (NAIVE_ATTENTION_MIN_SEQ - 1, False)])
+def test_naive_attention_sequence_threshold(tmp_path, side, fires):
+    built = attention_trace([[4, 8, side, side], [], []])
+    result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
+    assert result["attention"] == {"square_softmax_max": side, "sdpa_ops_per_step": 0.0}
+    assert [f["id"] for f in result["findings"]] == (["naive_attention"] if fires else [])
+
+
+def test_naive_attention_needs_a_square_softmax_and_no_sdpa(tmp_path):
+    assert ids(tmp_path, attention_trace([[4, 1024, 50000], [], []])) == []  # a vocabulary softmax
+    assert ids(tmp_path, attention_trace([[4, 8, 1024, 1024], [], []], sdpa=True)) == []
+    no_shapes = analyze.analyze_trace(attention_trace("").write(tmp_path / "t.json"))
+    assert no_shapes["attention"]["square_softmax_max"] is None and no_shapes["findings"] == []
