@@ -27,6 +27,7 @@ from common.metrics import (
     SHORT_KERNEL_US,
     US_PER_MS,
     attention_metrics,
+    distributed_metrics,
     extend_steps,
     gpu_metrics,
     host_steps,
@@ -121,6 +122,8 @@ def analyze(path: Path) -> Analysis:
         # The optimizer region (null without one) and attention's shapes and operators.
         "optimizer": optimizer_metrics(columns, window, n_steps),
         "attention": attention_metrics(columns, window, n_steps),
+        # torch.distributed: null for a trace of one process.
+        "distributed": distributed_metrics(columns, window, n_steps),
     }
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]
@@ -166,6 +169,12 @@ def format_human(result: dict) -> str:
     if result["input_batch"] is not None:
         lines.append(f"batch        {result['input_batch']:.0f} (median batch dimension of the "
                      f"forward conv/linear inputs, from record_shapes)")
+    dist = result["distributed"]
+    if dist:
+        lines.append(f"distributed  {dist['backend']} rank {dist['rank']} of {dist['world_size']}: "
+                     f"{dist['collectives_per_step']:.1f} collectives/step, "
+                     f"{dist['collective_ms_per_step']:.1f} ms/step in them "
+                     f"({dist['comm_pct']:.1f} % of the steps)")
     gpu = result["gpu"]
     if gpu:
         lines += [f"GPU          utilization {gpu['utilization_pct']:.1f} %, idle "

@@ -9,7 +9,13 @@ import numpy as np
 
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
 from common.syncs import gap_of, host_syncs, step_index, sync_metrics
-from common.trace_columns import OPTIMIZER_REGION, ROLE_REGION, TraceColumns, name_role
+from common.trace_columns import (
+    NCCL_KERNEL_PREFIXES,
+    OPTIMIZER_REGION,
+    ROLE_REGION,
+    TraceColumns,
+    name_role,
+)
 
 # Definitions (sources in README.md, "Analyzing a trace"):
 #   steps        ProfilerStep#N spans (none: the whole trace is one step), each extended to the end
@@ -259,6 +265,35 @@ def attention_metrics(columns: TraceColumns, window: tuple[float, float], n_step
     sides = columns.softmax_side[(columns.softmax_ts >= low) & (columns.softmax_ts < high)]
     return {"square_softmax_max": float(sides.max()) if sides.size else None,
             "sdpa_ops_per_step": float(sdpa.sum()) / n_steps}
+
+
+# --- torch.distributed. -----------------------------------------------------------------------
+
+def distributed_metrics(columns: TraceColumns, window: tuple[float, float],
+                        n_steps: int) -> dict | None:
+    """For a rank's trace (distributedInfo, or collectives in it): its backend, rank and world
+    size; collectives per step (the "<backend>:<collective>" spans starting in the window, or
+    the c10d::* operators where a trace has no such spans); their time per step and share of the
+    window: the union of NCCL kernels where the GPU ran them, else of the collective spans.
+    None for a trace of one process."""
+    info = columns.distributed_info or {}
+    calls = columns.collective_spans if columns.collective_spans.size else columns.collective_ops
+    if not calls.size and (info.get("world_size") or 1) <= 1:  # {"rank": 0} alone: one process
+        return None
+    low, high = window
+    kernels = columns.kernels
+    nccl = np.array([name.startswith(NCCL_KERNEL_PREFIXES)
+                     for name in columns.kernel_name_table], dtype=bool)
+    nccl_kernels = nccl[columns.kernel_name_id] if nccl.size else np.zeros(0, bool)
+    busy = (Spans(kernels.start[nccl_kernels], kernels.end[nccl_kernels]) if nccl_kernels.any()
+            else calls)
+    collective_us = union_in(busy, low, high)
+    in_window = (calls.start >= low) & (calls.start < high)
+    return {"backend": info.get("backend"), "rank": info.get("rank"),
+            "world_size": info.get("world_size"),
+            "collectives_per_step": float(in_window.sum()) / n_steps,
+            "collective_ms_per_step": collective_us / US_PER_MS / n_steps,
+            "comm_pct": 100.0 * collective_us / (high - low) if high > low else 0.0}
 
 
 # --- Why the GPU is idle. ----------------------------------------------------------------------

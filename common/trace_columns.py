@@ -60,6 +60,13 @@ OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
 # dimension is the batch. A compiled model (torch.compile) calls neither: no evidence then.
 CONVOLUTION_OPS = ("aten::conv1d", "aten::conv2d", "aten::conv3d")
 LINEAR_OPS = ("aten::linear",)
+# Collectives of torch.distributed: each call is a "<backend>:<collective>" record_function span
+# (nccl:all_reduce, gloo:all_reduce; c10d's ProcessGroup names them so), over the c10d::*
+# operator that issued it (c10d::allreduce_), which only newer traces have; on a GPU the work is
+# NCCL's kernels (ncclKernel_AllReduce_..., ncclDevKernel_... in NCCL 2.19 on).
+COLLECTIVE_SPAN_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:")
+COLLECTIVE_OP_PREFIX = "c10d::"
+NCCL_KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel")
 # Softmax calls (with record_shapes): attention written by hand runs one over a [..., s, s] score
 # matrix; its "Input Dims" give s (softmax_rows).
 SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
@@ -143,6 +150,11 @@ class TraceColumns:
     host_syncs: Spans = field(default_factory=Spans.empty)  # cuda_sync, HOST_SYNC_KINDS
     host_sync_correlation: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     hip_runtime: bool = False
+    # torch.distributed: the trace's distributedInfo (backend, rank, world_size; None without),
+    # the "<backend>:<collective>" spans and the c10d::* operators (COLLECTIVE_SPAN_PREFIXES).
+    distributed_info: dict | None = None
+    collective_spans: Spans = field(default_factory=Spans.empty)
+    collective_ops: Spans = field(default_factory=Spans.empty)
 
 
 # --- Reading the events. ----------------------------------------------------------------------
@@ -194,7 +206,8 @@ def correlations(events: list) -> np.ndarray:
 
 # What a CPU span's name says: nothing, a step, a DataLoader fetch, one of our regions, or a
 # forward layer whose input shape gives the batch.
-ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION, ROLE_LAYER, ROLE_SOFTMAX = range(6)
+(ROLE_OTHER, ROLE_STEP, ROLE_DATALOADER, ROLE_REGION, ROLE_LAYER, ROLE_SOFTMAX,
+ ROLE_COLLECTIVE) = range(7)
 
 
 def name_role(name: str) -> int:
@@ -208,6 +221,8 @@ def name_role(name: str) -> int:
         return ROLE_SOFTMAX
     if name in REGION_NAMES or name.startswith(OPTIMIZER_STEP_PREFIX):
         return ROLE_REGION
+    if name.startswith(COLLECTIVE_SPAN_PREFIXES) or name.startswith(COLLECTIVE_OP_PREFIX):
+        return ROLE_COLLECTIVE
     return ROLE_OTHER
 
 
@@ -337,7 +352,8 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
     for name in set(names) - roles_by_name.keys():
         roles_by_name[name] = name_role(name)
     roles = np.fromiter(map(roles_by_name.__getitem__, names), np.int8, len(names))
-    named = (roles == ROLE_STEP) | (roles == ROLE_DATALOADER) | (roles == ROLE_REGION)
+    named = ((roles == ROLE_STEP) | (roles == ROLE_DATALOADER) | (roles == ROLE_REGION)
+             | (roles == ROLE_COLLECTIVE))
     for index in np.flatnonzero(named):  # a few per step
         pieces.named_spans.append((names[index], float(spans.start[index]),
                                    float(spans.end[index]), group[index].pid))
@@ -409,6 +425,9 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
                                             or n.startswith(OPTIMIZER_STEP_PREFIX))
     dataloader = spans_named(lambda n: name_role(n) == ROLE_DATALOADER)
     regions[DATALOADER_REGION] = dataloader
+    collective_spans = spans_named(lambda n: n.startswith(COLLECTIVE_SPAN_PREFIXES))
+    collective_ops = spans_named(lambda n: n.startswith(COLLECTIVE_OP_PREFIX))
+    distributed = top.get("distributedInfo")
     memcpy_h2d = pieces.column("memcpy_h2d", bool)
     properties = top.get("deviceProperties")
     return TraceColumns(
@@ -443,7 +462,9 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         memcpy_pageable=pieces.column("memcpy_pageable", bool),
         host_syncs=Spans(pieces.column("host_sync_start"), pieces.column("host_sync_end")),
         host_sync_correlation=pieces.column("host_sync_correlation", np.int64),
-        hip_runtime=any(name.startswith(HIP_API_PREFIX) for name in pieces.runtime_by_name))
+        hip_runtime=any(name.startswith(HIP_API_PREFIX) for name in pieces.runtime_by_name),
+        distributed_info=distributed if isinstance(distributed, dict) else None,
+        collective_spans=collective_spans, collective_ops=collective_ops)
 
 
 def read_pieces(pieces_of_events) -> Pieces:

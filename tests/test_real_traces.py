@@ -343,3 +343,45 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
 def test_idle_by_cause_by_hand(name):
     by_cause = cli_json(name)["gpu"]["idle_by_cause_pct"]
     assert by_cause == pytest.approx(hand_idle_by_cause(name), abs=IDLE_TOLERANCE_PCT)
+
+
+def hand_union(spans: list[tuple[float, float]], low: float, high: float) -> float:
+    covered, reach = 0.0, low
+    for s, t in sorted((max(s, low), min(t, high)) for s, t in spans if min(t, high) > max(s, low)):
+        s = max(s, reach)
+        if t > s:
+            covered, reach = covered + t - s, t
+    return covered
+
+
+# distributedInfo, read by hand: a100_alexnet has {"rank": 0} alone and no collective (one
+# process: null); mi250 has none.
+DISTRIBUTED = {"a100_80gb_rank0_5steps.json.gz": ("nccl", 0, 16),
+               "a100_nccl_rank3_6steps.json.gz": ("nccl", 3, 8),
+               "cpu_only_gloo_rank34.json.gz": ("gloo", 34, 300),
+               "v100_nccl_rank1_6steps.json.gz": ("nccl", 1, 2),
+               "v100_rank1_instant_events_5steps.json.gz": ("nccl", 1, 2)}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_distributed_by_hand(name):
+    """Collectives: the nccl:*/gloo:* spans starting in the analyzer's window, per step; their
+    time: the union of the NCCL kernels (ncclKernel...) in the window, on a CPU trace of the
+    collective spans, per step and as a share of the window."""
+    result = cli_json(name)["distributed"]
+    if name not in DISTRIBUTED:
+        assert result is None
+        return
+    _, events = raw(name)
+    low, high = analyze.analyze(path_of(name)).window
+    steps = cli_json(name)["steps"]
+    calls = [e for e in events if e["name"].startswith(("nccl:", "gloo:"))]
+    kernels = [(start(e), end(e)) for e in events
+               if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")]
+    busy = hand_union(kernels or [(start(e), end(e)) for e in calls], low, high)
+    backend, rank, world_size = DISTRIBUTED[name]
+    assert result == {
+        "backend": backend, "rank": rank, "world_size": world_size,
+        "collectives_per_step": sum(low <= start(e) < high for e in calls) / steps,
+        "collective_ms_per_step": pytest.approx(busy / 1000 / steps, rel=1e-9),
+        "comm_pct": pytest.approx(100 * busy / (high - low), rel=1e-9)}
