@@ -171,7 +171,8 @@ def format_human(result: dict) -> str:
                      f"forward conv/linear inputs, from record_shapes)")
     dist = result["distributed"]
     if dist:
-        lines.append(f"distributed  {dist['backend']} rank {dist['rank']} of {dist['world_size']}: "
+        lines.append(f"distributed  {dist['backend'] or 'unknown backend'} rank "
+                     f"{fmt(dist['rank'], 'd')} of {fmt(dist['world_size'], 'd')}: "
                      f"{dist['collectives_per_step']:.1f} collectives/step, "
                      f"{dist['collective_ms_per_step']:.1f} ms/step in them "
                      f"({dist['comm_pct']:.1f} % of the steps)")

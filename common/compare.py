@@ -107,7 +107,7 @@ def profiler_warnings(comparison: dict) -> list[str]:
         if overhead is not None and overhead > trace.PROFILER_OVERHEAD_WARN_RATIO:
             warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
                             f"(warn above {trace.PROFILER_OVERHEAD_WARN_RATIO}x): the trace "
-                            f"exaggerates CPU time; trust samples/s")
+                            f"exaggerates CPU time; trust {comparison['speedup_of']}")
     return warnings
 
 
@@ -151,7 +151,8 @@ WHAT_CHANGED_SHOWN = 8  # operators and kernels listed each, the largest change 
 def what_changed(bad: TimeByName, fixed: TimeByName) -> dict[str, list[dict]]:
     """The operators and kernels whose total time per step changed most from bad to fixed (HTA's
     trace_diff, per step): name, ms per step and calls per step in each (0 where a name is
-    absent). Operator times are inclusive: a parent's time holds its children's."""
+    absent). Operator times are self times (metrics.self_time_us: the operators a parent holds on
+    its thread are taken off its time)."""
     changed = {}
     for kind in ("operators", "kernels"):
         before, after = getattr(bad, kind), getattr(fixed, kind)

@@ -563,7 +563,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     if overhead_ratio > trace.PROFILER_OVERHEAD_WARN_RATIO:  # compare and the report say it too
         log(run, f"warning: the recorded steps ran {overhead_ratio:.2f}x the timed p50 (the "
                  f"profiler's own cost per operator): the trace exaggerates CPU time; for speed, "
-                 f"trust samples/s")
+                 f"trust {'real tokens/s' if run.real_tokens is not None else 'samples/s'}")
     return summary
 
 

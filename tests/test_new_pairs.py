@@ -131,3 +131,10 @@ def test_padded_batches_mask_exactly_the_padding():
     assert tokens.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert mask.tolist() == [[False, False, False], [False, True, True]]
     assert labels.tolist() == [0, 1] and counts == [(4, 6), (6, 8)]
+
+
+def test_the_overhead_warning_names_the_pairs_own_throughput():
+    comparison = {"profiler_overhead_ratio": {"bad": 1.5, "fixed": 1.0},
+                  "speedup_of": "real tokens/s"}
+    assert [w.endswith("trust real tokens/s") for w in compare.profiler_warnings(comparison)] == [
+        True]

@@ -100,3 +100,20 @@ def test_naive_attention_needs_a_square_softmax_and_no_sdpa(tmp_path):
     assert ids(tmp_path, attention_trace([[4, 8, 1024, 1024], [], []], sdpa=True)) == []
     no_shapes = analyze.analyze_trace(attention_trace("").write(tmp_path / "t.json"))
     assert no_shapes["attention"]["square_softmax_max"] is None and no_shapes["findings"] == []
+
+
+def test_collectives_without_distributed_info(tmp_path, capsys):
+    """A rank's trace that lost its distributedInfo: the collectives still count, the rest is
+    said to be unknown (not "None")."""
+    t = KinetoTrace()
+    t.step(1, T0, STEP_US)
+    t.annotation("gloo:all_reduce", T0 + 100, 2500)
+    t.annotation("gloo:all_reduce", T0 + 5000, 2500)
+    path = t.write(tmp_path / "t.json")
+    result = analyze.analyze_trace(path)
+    assert result["distributed"] == {"backend": None, "rank": None, "world_size": None,
+                                     "collectives_per_step": 2.0, "collective_ms_per_step": 5.0,
+                                     "comm_pct": 50.0}
+    assert analyze.main([str(path)]) == 0
+    assert ("distributed  unknown backend rank n/a of n/a: 2.0 collectives/step, 5.0 ms/step in "
+            "them (50.0 % of the steps)") in capsys.readouterr().out
