@@ -140,6 +140,60 @@ def analyze_trace(path: Path) -> dict:
     return analyze(path).result
 
 
+# --- Several ranks of one job (a run directory of torchrun's traces). ---------------------------
+
+def analyze_ranks(run_dir: Path) -> dict | None:
+    """For a run directory holding the traces of several ranks of one torch.distributed job (each
+    with its rank in distributedInfo, all different): {"ranks": every rank's analyze_trace
+    result, rank order; "cross_rank": step time and time in collectives per rank, the slowest
+    rank and the one that waits least in collectives (a straggler is the rank the others wait
+    for: it waits least)}. None for any other directory."""
+    files = trace.trace_files(run_dir)
+    if len(files) < 2:
+        return None
+    results = [analyze_trace(path) for path in files]
+    ranks = [(r["distributed"] or {}).get("rank") for r in results]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        return None
+    results = [r for _, r in sorted(zip(ranks, results), key=lambda pair: pair[0])]
+    step_ms = {r["distributed"]["rank"]: r["step_ms"]["mean"] for r in results}
+    waiting = {r["distributed"]["rank"]: r["distributed"]["collective_ms_per_step"]
+               for r in results}
+    return {"ranks": results, "cross_rank": {
+        "world_size": results[0]["distributed"]["world_size"], "ranks_read": len(results),
+        "step_ms_by_rank": step_ms, "collective_ms_per_step_by_rank": waiting,
+        "slowest_rank": max(step_ms, key=step_ms.get),
+        "least_waiting_rank": min(waiting, key=waiting.get),
+        "wait_spread_ms_per_step": max(waiting.values()) - min(waiting.values())}}
+
+
+def format_ranks(view: dict) -> str:
+    cross = view["cross_rank"]
+    rows = [("rank", "step ms", "collectives/step", "in collectives ms/step", "verdicts")]
+    for result in view["ranks"]:
+        dist = result["distributed"]
+        rows.append((str(dist["rank"]), f"{result['step_ms']['mean']:.1f}",
+                     f"{dist['collectives_per_step']:.1f}",
+                     f"{dist['collective_ms_per_step']:.1f}",
+                     ", ".join(f["id"] for f in result["findings"]) or "none"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"ranks        {cross['ranks_read']} of {cross['world_size']} "
+             f"({view['ranks'][0]['distributed']['backend']}), one trace each"]
+    lines += ["  " + "  ".join(cell.rjust(widths[i]) if 0 < i < 4 else cell.ljust(widths[i])
+                               for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.append(f"slowest      rank {cross['slowest_rank']} "
+                 f"({cross['step_ms_by_rank'][cross['slowest_rank']]:.1f} ms/step); rank "
+                 f"{cross['least_waiting_rank']} waits least in collectives "
+                 f"({cross['collective_ms_per_step_by_rank'][cross['least_waiting_rank']]:.1f} "
+                 f"ms/step, {cross['wait_spread_ms_per_step']:.1f} ms less than the most): a "
+                 f"straggler is the rank the others wait for")
+    for result in view["ranks"]:
+        for found in result["findings"]:
+            lines.append(f"[{found['severity']}] rank {result['distributed']['rank']}: "
+                         f"{found['id']}: {found['evidence']}")
+    return "\n".join(lines)
+
+
 def memory_over_time(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(ms since the first step's start, MB allocated) of the trace's [memory] events for its
     device (the GPU if the trace has GPU work, else the CPU)."""
@@ -232,10 +286,16 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Definitions and thresholds: README.md, section 'Analyzing a trace'. "
                "Exit code 2 for input that is not a readable trace.")
     parser.add_argument("path", metavar="PATH", type=Path,
-                        help="a .pt.trace.json(.gz) file, or a run directory (its newest trace)")
+                        help="a .pt.trace.json(.gz) file, or a run directory: its newest trace, "
+                             "or, when it holds one trace per rank of a torch.distributed job, "
+                             "every rank's and a cross-rank view")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     flags = parser.parse_args(argv)
     try:
+        ranks = analyze_ranks(flags.path) if flags.path.is_dir() else None
+        if ranks is not None:
+            return print_output(json.dumps(ranks, indent=2) if flags.json
+                                else format_ranks(ranks))
         result = analyze_trace(flags.path)
     except trace.TraceError as error:
         print(f"analyze: {error}", file=sys.stderr)

@@ -141,6 +141,9 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
         "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
                                     for v in VARIANTS}}
     comparison["what_changed"] = changed
+    # A pair run as several ranks (ddp_no_sync): every rank's step and collective time.
+    comparison["ranks"] = {v: (analyze.analyze_ranks(demo_dir / v) or {}).get("cross_rank")
+                           for v in VARIANTS}
     comparison["warnings"] = profiler_warnings(comparison)
     return comparison
 
@@ -262,11 +265,24 @@ def format_text(comparison: dict) -> str:
     for variant in VARIANTS:
         for found in comparison[variant]["analysis"]["findings"]:
             lines.append(f"  {variant}: [{found['severity']}] {found['id']}: {found['evidence']}")
+    lines += [f"  {line}" for line in rank_lines(comparison)]
     lines += what_changed_lines(comparison["what_changed"])
     lines += [f"  warning: {text}" for text in comparison["warnings"]]
     lines += [f"  note: {text}" for text in notes(comparison)]
     return "\n".join(lines)
 
+
+
+def rank_lines(comparison: dict) -> list[str]:
+    """Per variant of a multi-rank pair: each rank's step time and time in collectives."""
+    lines = []
+    for variant, cross in comparison.get("ranks", {}).items():
+        if cross:
+            lines.append(f"{variant} by rank (step ms / in collectives ms per step): " + ", ".join(
+                f"rank {rank} {cross['step_ms_by_rank'][rank]:.1f} / "
+                f"{cross['collective_ms_per_step_by_rank'][rank]:.1f}"
+                for rank in cross["step_ms_by_rank"]))
+    return lines
 
 
 NAME_SHOWN_CHARS = 70  # kernel names run to thousands of characters (C++ templates)

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import sysconfig
@@ -31,7 +32,7 @@ import torch
 from torch.profiler import (ProfilerActivity, profile, record_function, schedule,
                             tensorboard_trace_handler)
 
-from common import presets, tensorboard_compat, trace, trace_columns
+from common import distributed, presets, tensorboard_compat, trace, trace_columns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "traces"
@@ -56,11 +57,16 @@ CPU_NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 CPU_BF16_MATRIX_UNIT_FLAG = "amx_bf16"
 CPUINFO_PATH = Path("/proc/cpuinfo")
 KEY_AVERAGES_FILE = "key_averages.txt"
+RANK_FILE = re.compile(r"(?:summary|key_averages)\.rank\d+\.(?:json|txt)")  # rank_suffix's
+# Demos whose scripts run as several processes (common/distributed.py).
+DISTRIBUTED_DEMOS = frozenset({"ddp_no_sync"})
 # What each demo's lesson reads from its trace beyond times. record_shapes (operator input shapes
 # and dtypes) and profile_memory (every allocation) add CPU time to each operator, which makes a
 # launch-bound step look slower than it is, so each is on only where a demo needs it.
 RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attention",
-                                 "padding_waste"})  # batch dims; BF16 types; s x s scores; lengths
+                                 "padding_waste", "ddp_no_sync"})
+# (batch dims; BF16 input types; s x s scores; sequence lengths; the collectives' message sizes,
+# which TensorBoard's Distributed view reads)
 # On a GPU the peak comes from torch.cuda.max_memory_allocated; the trace's memory events are the
 # lesson only where memory is. On a CPU every demo reads its peak from them.
 PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention"})
@@ -87,6 +93,11 @@ class Run:
     # batches (train_on_device's token_counts); None for every other demo.
     real_tokens: int | None = None
     padded_tokens: int | None = None
+    # A torchrun job (common/distributed.py): this process's rank, the number of ranks, and
+    # what ran (backend and mode); rank 0 of 1 and None for every other demo.
+    rank: int = 0
+    world_size: int = 1
+    distributed: dict | None = None
 
     @property
     def batch_size(self) -> int:
@@ -175,24 +186,39 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     parser = build_parser(demo, variant)
     flags = parser.parse_args(argv)
     device = pick_device(flags.device, parser)
+    dist_info = None
+    if demo in DISTRIBUTED_DEMOS:
+        if not distributed.launched():  # flags checked: run the ranks, each parses them again
+            ranks = distributed.ranks_for(device.type)
+            print(f"[{demo}/{variant}] starting {ranks} ranks with torchrun", flush=True)
+            sys.exit(distributed.relaunch(sys.argv[0], sys.argv[1:] if argv is None else argv,
+                                          ranks))
+        device, backend, mode = distributed.join(device.type)
+        dist_info = {"backend": backend, "world_size": distributed.world_size(), "mode": mode}
     name = presets.preset_name(device.type, flags.smoke, demo,
                                bf16_matrix_units=device.type != "cpu"
                                or CPU_BF16_MATRIX_UNIT_FLAG in cpu_native_bf16_flags())
     preset = presets.PRESETS[demo][name]
     if batch_size is not None:
         preset = replace(preset, batch_size=batch_size)
-    torch.set_num_threads(presets.main_process_threads(device.type))
+    world_size, rank = distributed.world_size(), distributed.rank()
+    threads = presets.main_process_threads(device.type)
+    if dist_info and device.type == "cpu":  # the ranks share the cores
+        threads = max(1, presets.usable_cpu_count() // world_size)
+    torch.set_num_threads(threads)
     # Let cuDNN time its convolution algorithms on the first steps (the warm-up) and keep the
     # fastest for these fixed shapes; the same in bad and fixed.
     torch.backends.cudnn.benchmark = device.type == "cuda"
     if device.type == "cpu":
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL_CPU)
-    random.seed(flags.seed)
-    np.random.seed(flags.seed)
-    torch.manual_seed(flags.seed)
+    seed = flags.seed + rank  # each rank its own data; DDP copies rank 0's weights to all
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     return Run(demo=demo, variant=variant, device=device, device_name=device_name(device),
                preset_name=name, preset=preset, steps=flags.steps or preset.steps,
-               seed=flags.seed, out_dir=Path(flags.out) / demo / variant)
+               seed=seed, out_dir=Path(flags.out) / demo / variant, rank=rank,
+               world_size=world_size, distributed=dist_info)
 
 
 def require_compile_toolchain(run: Run) -> None:
@@ -234,7 +260,15 @@ def tf32_in_force() -> dict[str, bool]:
 
 
 def log(run: Run, message: str) -> None:
-    print(f"[{run.demo}/{run.variant}] {message}", flush=True)
+    """A progress line; in a job of several ranks only rank 0's (they run in lockstep)."""
+    if run.rank == 0:
+        print(f"[{run.demo}/{run.variant}] {message}", flush=True)
+
+
+def rank_suffix(run: Run) -> str:
+    """"" for rank 0 (and every single-process run), ".rank<N>" for the others: their summary
+    and operator table sit beside rank 0's, which compare and the report read."""
+    return f".rank{run.rank}" if run.rank else ""
 
 
 def device_sync(run: Run) -> None:
@@ -404,7 +438,8 @@ def clear_run_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in out_dir.iterdir():
         if path.is_file() and (path.name.endswith(trace.TRACE_SUFFIXES)
-                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE)):
+                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE)
+                               or RANK_FILE.fullmatch(path.name)):
             path.unlink()
 
 
@@ -416,13 +451,13 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
     # The trace is written outside the run folder and moved in only once it is final: a running
     # TensorBoard reads a run folder once, and must not catch it before the rewrite below.
     staging = Path(tempfile.mkdtemp(prefix=f"{run.demo}_{run.variant}_"))
-    write_trace = tensorboard_trace_handler(str(staging), worker_name=f"{run.demo}_{run.variant}",
-                                            use_gzip=True)
+    worker = f"{run.demo}_{run.variant}" + (f"_rank{run.rank}" if run.distributed else "")
+    write_trace = tensorboard_trace_handler(str(staging), worker_name=worker, use_gzip=True)
 
     def on_trace_ready(prof: profile) -> None:
         write_trace(prof)
         table = prof.key_averages().table(sort_by=sort_key, row_limit=KEY_AVERAGES_ROWS)
-        (run.out_dir / KEY_AVERAGES_FILE).write_text(table + "\n")
+        (run.out_dir / f"key_averages{rank_suffix(run)}.txt").write_text(table + "\n")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
     profile_memory = not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
@@ -471,9 +506,13 @@ def dynamo_frames_compiled() -> int:
 def measure(run: Run, step: Callable[[], None]) -> dict:
     """Warm up, time, profile, summarise. `step` runs one training (or inference) step. On a GPU
     that runs out of memory: one line saying so, exit code 2, nothing left in the run folder."""
-    clear_run_dir(run.out_dir)  # a run that fails half-way must not leave the last one's results
+    if run.rank == 0:  # a run that fails half-way must not leave the last one's results
+        clear_run_dir(run.out_dir)
+    distributed.barrier()  # no rank writes before rank 0 has cleared the folder
     try:
-        return measure_steps(run, step)
+        summary = measure_steps(run, step)
+        distributed.leave()
+        return summary
     except torch.cuda.OutOfMemoryError:
         clear_run_dir(run.out_dir)
         total_gib = torch.cuda.get_device_properties(run.device).total_memory / 2**30
@@ -497,6 +536,8 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
                      "graph's kernels may be missing from the trace")
         else:
             init_for_cuda_graphs()
+    if run.distributed:
+        log(run, f"{run.world_size} ranks: {run.distributed['mode']}")
     log(run, f"warm-up: {run.preset.warmup_steps} steps")
     warmup_started = time.perf_counter()
     step()  # the first step pays the one-time costs: torch.compile, cuDNN autotuning, allocations
@@ -543,7 +584,11 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "preset": run.preset_name, "batch_size": run.batch_size, "steps": run.steps,
         "warmup_steps": run.preset.warmup_steps, "seed": run.seed,
         "main_process_threads": torch.get_num_threads(),
-        "samples_per_s": run.steps * run.batch_size / wall_s,
+        # Every rank's samples, every micro-batch's: ranks run in lockstep (each step ends in a
+        # collective), and a step of micro-batches trains all of them.
+        "samples_per_s": (run.world_size * run.steps * run.batch_size
+                          * run.config.get("micro_batches", 1) / wall_s),
+        "rank": run.rank, "world_size": run.world_size, "distributed": run.distributed,
         "tokens_per_s": tokens_per_s, "padding_pct": padding_pct,  # null: no token counts
         "step_ms_mean": float(step_ms.mean()),
         "step_ms_p50": step_ms_p50,
@@ -558,7 +603,8 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "extra": run.extra, "notes": run.notes,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    (run.out_dir / trace.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    summary_name = trace.SUMMARY_FILE.replace(".json", f"{rank_suffix(run)}.json")
+    (run.out_dir / summary_name).write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(run, summary, trace_path)
     if overhead_ratio > trace.PROFILER_OVERHEAD_WARN_RATIO:  # compare and the report say it too
         log(run, f"warning: the recorded steps ran {overhead_ratio:.2f}x the timed p50 (the "

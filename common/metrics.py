@@ -289,11 +289,21 @@ def distributed_metrics(columns: TraceColumns, window: tuple[float, float],
             else calls)
     collective_us = union_in(busy, low, high)
     in_window = (calls.start >= low) & (calls.start < high)
+    # Gradient accumulation: DDP forwards (micro-batches) in the window, and how many of them are
+    # followed by collectives before the next one (or the window's end): with no_sync, one a step.
+    forwards = columns.ddp_forwards.start
+    forwards = forwards[(forwards >= low) & (forwards < high)]
+    until = np.r_[forwards[1:], high]
+    call_starts = np.sort(calls.start[in_window])
+    synced = (np.searchsorted(call_starts, until, side="left")
+              > np.searchsorted(call_starts, forwards, side="left"))
     return {"backend": info.get("backend"), "rank": info.get("rank"),
             "world_size": info.get("world_size"),
             "collectives_per_step": float(in_window.sum()) / n_steps,
             "collective_ms_per_step": collective_us / US_PER_MS / n_steps,
-            "comm_pct": 100.0 * collective_us / (high - low) if high > low else 0.0}
+            "comm_pct": 100.0 * collective_us / (high - low) if high > low else 0.0,
+            "ddp_forwards_per_step": float(forwards.size) / n_steps,
+            "synced_forwards_per_step": float(synced.sum()) / n_steps}
 
 
 # --- Why the GPU is idle. ----------------------------------------------------------------------

@@ -140,8 +140,9 @@ def adamw(run, model: torch.nn.Module, **implementation: bool) -> torch.optim.Ad
     params = list(model.parameters())
     chosen = ", ".join(f"{flag}={value}" for flag, value in implementation.items()) or "default"
     run.config.update(optimizer=f"AdamW({chosen})", parameter_tensors=len(params))
-    print(f"[{run.demo}/{run.variant}] optimizer: AdamW({chosen}) over {len(params)} parameter "
-          f"tensors", flush=True)
+    if run.rank == 0:  # one line per run, not per rank
+        print(f"[{run.demo}/{run.variant}] optimizer: AdamW({chosen}) over {len(params)} "
+              f"parameter tensors", flush=True)
     return torch.optim.AdamW(params, lr=ADAMW_LR, **implementation)
 
 

@@ -143,6 +143,19 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "smoke": Preset(batch_size=8, steps=3, warmup_steps=1,
                         sizes=dict(width=16, blocks=50, num_classes=10)),
     },
+    "ddp_no_sync": {
+        # batch_size is one micro-batch on one rank; MICRO_BATCHES of them make a step. 8 blocks
+        # 4096 wide (134 M weights, 537 MB of FP32 gradients to all-reduce): over NVLink NCCL
+        # moves that in a few ms; ranks sharing one GPU over gloo go through host memory.
+        "cuda": Preset(batch_size=32, steps=20, warmup_steps=3,
+                       sizes=dict(width=4096, blocks=8, num_classes=10, micro_batches=4)),
+        # 8 blocks 1024 wide (8.4 M weights, 34 MB of gradients) on 2 ranks over gloo: the issue's
+        # trial measured 2.1 s -> 0.8 s a step with 4 micro-batches.
+        "cpu": Preset(batch_size=16, steps=5, warmup_steps=1,
+                      sizes=dict(width=1024, blocks=8, num_classes=10, micro_batches=4)),
+        "smoke": Preset(batch_size=4, steps=2, warmup_steps=1,
+                        sizes=dict(width=64, blocks=2, num_classes=10, micro_batches=4)),
+    },
     "item_sync": {
         # 16 blocks 1024 wide, batch 1024: each block's matmul (2 GFLOP in FP32, ~40 us on an H100)
         # takes about as long as the CPU needs to launch the block's dozen small ops, so the

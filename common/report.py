@@ -310,6 +310,7 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
         for text in comparison["warnings"]:  # a quote each: consecutive "> " lines join up
             lines += [f"> **Warning:** {text}", ""]
         lines += [f"> {text}" for text in compare.notes(comparison)]
+        lines += ["", *(f"- {line}" for line in compare.rank_lines(comparison))]
         changed = compare.what_changed_rows(comparison["what_changed"])
         if changed:
             lines += ["", f"What changed most, per step ({WHAT_CHANGED_NOTE}):", "",
@@ -381,6 +382,7 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
         parts += [f"<p class=\"warning\"><b>Warning:</b> {e(text)}</p>"
                   for text in comparison["warnings"]]
         parts += [f"<p class=\"note\">{e(text)}</p>" for text in compare.notes(comparison)]
+        parts += [f"<p>{e(line)}</p>" for line in compare.rank_lines(comparison)]
         changed = compare.what_changed_rows(comparison["what_changed"])
         if changed:
             parts.append(f"<p>What changed most, per step ({e(WHAT_CHANGED_NOTE)}):</p><table>"

@@ -67,6 +67,9 @@ LINEAR_OPS = ("aten::linear",)
 COLLECTIVE_SPAN_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:")
 COLLECTIVE_OP_PREFIX = "c10d::"
 NCCL_KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel")
+# DistributedDataParallel records each forward call under this name (torch/nn/parallel/
+# distributed.py): one per micro-batch, which tells how many backward passes a step holds.
+DDP_FORWARD = "DistributedDataParallel.forward"
 # Softmax calls (with record_shapes): attention written by hand runs one over a [..., s, s] score
 # matrix; its "Input Dims" give s (softmax_rows).
 SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
@@ -155,6 +158,7 @@ class TraceColumns:
     distributed_info: dict | None = None
     collective_spans: Spans = field(default_factory=Spans.empty)
     collective_ops: Spans = field(default_factory=Spans.empty)
+    ddp_forwards: Spans = field(default_factory=Spans.empty)  # DDP_FORWARD spans, sorted
 
 
 # --- Reading the events. ----------------------------------------------------------------------
@@ -221,7 +225,8 @@ def name_role(name: str) -> int:
         return ROLE_SOFTMAX
     if name in REGION_NAMES or name.startswith(OPTIMIZER_STEP_PREFIX):
         return ROLE_REGION
-    if name.startswith(COLLECTIVE_SPAN_PREFIXES) or name.startswith(COLLECTIVE_OP_PREFIX):
+    if (name.startswith(COLLECTIVE_SPAN_PREFIXES) or name.startswith(COLLECTIVE_OP_PREFIX)
+            or name == DDP_FORWARD):
         return ROLE_COLLECTIVE
     return ROLE_OTHER
 
@@ -427,6 +432,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
     regions[DATALOADER_REGION] = dataloader
     collective_spans = spans_named(lambda n: n.startswith(COLLECTIVE_SPAN_PREFIXES))
     collective_ops = spans_named(lambda n: n.startswith(COLLECTIVE_OP_PREFIX))
+    ddp_forwards = spans_named(lambda n: n == DDP_FORWARD)
     distributed = top.get("distributedInfo")
     memcpy_h2d = pieces.column("memcpy_h2d", bool)
     properties = top.get("deviceProperties")
@@ -464,7 +470,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         host_sync_correlation=pieces.column("host_sync_correlation", np.int64),
         hip_runtime=any(name.startswith(HIP_API_PREFIX) for name in pieces.runtime_by_name),
         distributed_info=distributed if isinstance(distributed, dict) else None,
-        collective_spans=collective_spans, collective_ops=collective_ops)
+        collective_spans=collective_spans, collective_ops=collective_ops,
+        ddp_forwards=ddp_forwards)
 
 
 def read_pieces(pieces_of_events) -> Pieces:

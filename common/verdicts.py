@@ -46,6 +46,10 @@ UNFUSED_OPTIMIZER_MAX_US_PER_OP = 20.0  # µs of the optimizer region per operat
 # (issue 14; at 512 tokens the matrix of one head already holds 256 K scores a sample), and no
 # scaled_dot_product_attention operator in the window.
 NAIVE_ATTENTION_MIN_SEQ = 512  # tokens
+# DDP gradient accumulation: DistributedDataParallel forwards (micro-batches) per step followed
+# by collectives before the next; without no_sync every one is, with it only the last (issue 13:
+# "collectives per step exceed one per gradient bucket per step").
+DDP_SYNCED_MICRO_BATCHES_MIN = 2  # micro-batches per step that end in an all-reduce
 # Severity: "high" when a value is twice its threshold (half, for an upper limit). Our choice,
 # only to order the findings.
 SEVERITY_HIGH_FACTOR = 2.0
@@ -300,9 +304,24 @@ def rule_naive_attention(m: dict) -> dict | None:
         "naive_attention")
 
 
+def rule_ddp_sync(m: dict) -> dict | None:
+    dist = m.get("distributed")
+    if not dist or dist["synced_forwards_per_step"] < DDP_SYNCED_MICRO_BATCHES_MIN:
+        return None
+    return finding(
+        "ddp_sync", severity(dist["synced_forwards_per_step"], DDP_SYNCED_MICRO_BATCHES_MIN),
+        f"gradients all-reduced on every micro-batch: {dist['synced_forwards_per_step']:.1f} of "
+        f"{dist['ddp_forwards_per_step']:.1f} DistributedDataParallel forwards per step are "
+        f"followed by collectives ({dist['collectives_per_step']:.1f} per step, "
+        f"{dist['comm_pct']:.0f} % of the window in them; rule: >= "
+        f"{DDP_SYNCED_MICRO_BATCHES_MIN} synced micro-batches per step)",
+        "accumulate locally and all-reduce once per step: run every micro-batch but the last "
+        "(forward and backward) inside `with model.no_sync():`", "ddp_no_sync")
+
+
 RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,
          rule_launch_overhead, rule_host_sync, rule_h2d_copy, rule_unfused_optimizer,
-         rule_naive_attention)
+         rule_naive_attention, rule_ddp_sync)
 
 
 def findings_for(metrics: dict) -> list[dict]:

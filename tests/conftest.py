@@ -36,7 +36,10 @@ def assert_timing_is_consistent(summary: dict) -> None:
     """samples/s counts the batch the script trained over the timed steps' wall clock, and each
     step's own clock (start to end) lies inside that wall clock: a step timed over another span,
     or a throughput from another batch or step count, fails here."""
-    expected = summary["steps"] * summary["batch_size"] / summary["timed_wall_s"]
+    # A run of several ranks counts every rank's samples; a step of micro-batches all of them.
+    samples_per_step = (summary["batch_size"] * summary.get("world_size", 1)
+                        * summary["config"].get("micro_batches", 1))
+    expected = summary["steps"] * samples_per_step / summary["timed_wall_s"]
     assert summary["samples_per_s"] == pytest.approx(expected, rel=1e-9)
     steps_s = summary["steps"] * summary["step_ms_mean"] / 1000
     assert 0 < steps_s <= summary["timed_wall_s"] * (1 + 1e-9)  # 1e-9: the mean's rounding

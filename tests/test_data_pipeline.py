@@ -162,7 +162,7 @@ MB = 1_000_000
 
 
 def gpu_preset_run(uint8: bool) -> tuple[SimpleNamespace, data.JpegImages]:
-    run = SimpleNamespace(demo="dataloader_workers", variant="fixed", config={},
+    run = SimpleNamespace(demo="dataloader_workers", variant="fixed", config={}, rank=0,
                           batch_size=GPU_PRESET.batch_size)
     return run, images(uint8=uint8, length=1, source_px=16, distinct_images=1,
                        crop_px=GPU_PRESET.sizes["crop_px"])

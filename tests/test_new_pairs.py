@@ -138,3 +138,54 @@ def test_the_overhead_warning_names_the_pairs_own_throughput():
                   "speedup_of": "real tokens/s"}
     assert [w.endswith("trust real tokens/s") for w in compare.profiler_warnings(comparison)] == [
         True]
+
+
+def test_ddp_no_sync_runs_two_ranks_and_all_reduces_once_a_step(demos_smoke):
+    out = demos_smoke.out / "ddp_no_sync"
+    assert {"ddp_no_sync/bad", "ddp_no_sync/fixed"} <= demos_smoke.ran
+    micro_batches = presets.PRESETS["ddp_no_sync"]["smoke"].sizes["micro_batches"]
+    per_step = {}
+    for variant in ("bad", "fixed"):
+        summary = read_summary(demos_smoke.out, "ddp_no_sync", variant)
+        assert summary["world_size"] == 2 and summary["rank"] == 0
+        assert summary["distributed"]["backend"] == "gloo"
+        assert summary["distributed"]["mode"].startswith("gloo on the CPU")
+        assert_timing_is_consistent(summary)  # global samples/s: 2 ranks x 4 micro-batches
+        assert (out / variant / "summary.rank1.json").is_file()
+        view = analyze.analyze_ranks(out / variant)  # one trace per rank, each with its rank
+        assert [r["distributed"]["rank"] for r in view["ranks"]] == [0, 1]
+        per_step[variant] = [r["distributed"] for r in view["ranks"]]
+        for result in view["ranks"]:
+            fired = "ddp_sync" in [f["id"] for f in result["findings"]]
+            assert fired == (variant == "bad")
+    for bad, fixed in zip(per_step["bad"], per_step["fixed"]):
+        # Every micro-batch all-reduces every bucket in bad; only the last one in fixed.
+        assert bad["ddp_forwards_per_step"] == fixed["ddp_forwards_per_step"] == micro_batches
+        assert bad["synced_forwards_per_step"] == micro_batches
+        assert fixed["synced_forwards_per_step"] == 1
+        assert bad["collectives_per_step"] == micro_batches * fixed["collectives_per_step"]
+    assert "by rank" in "\n".join(compare.rank_lines(compare.compare(out)))
+
+
+def test_a_bad_flag_is_one_line_before_any_rank_starts():
+    from tests.conftest import run_demo
+    result = run_demo("ddp_no_sync", "bad", "--steps", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "starting" not in result.stdout  # torchrun never ran
+    last = result.stderr.strip().splitlines()[-1]
+    assert "error:" in last and "--steps" in last and "must be a whole number >= 1" in last
+
+
+def test_a_failing_rank_stops_the_job_with_its_message(tmp_path, capsys):
+    """Rank 1 fails at once; rank 0 would sleep for 10 minutes: torchrun stops it, and the
+    launcher prints rank 1's last line and returns its exit code. (The test's own timeout, not a
+    clock, is what fails if rank 0 were left running.)"""
+    from common import distributed
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    print('error: rank one cannot go on', file=sys.stderr); sys.exit(2)\n"
+                      "time.sleep(600)\n")
+    assert distributed.relaunch(str(script), [], 2) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: rank 1: error: rank one cannot go on"]

@@ -113,7 +113,68 @@ def test_collectives_without_distributed_info(tmp_path, capsys):
     result = analyze.analyze_trace(path)
     assert result["distributed"] == {"backend": None, "rank": None, "world_size": None,
                                      "collectives_per_step": 2.0, "collective_ms_per_step": 5.0,
-                                     "comm_pct": 50.0}
+                                     "comm_pct": 50.0, "ddp_forwards_per_step": 0.0,
+                                     "synced_forwards_per_step": 0.0}
     assert analyze.main([str(path)]) == 0
     assert ("distributed  unknown backend rank n/a of n/a: 2.0 collectives/step, 5.0 ms/step in "
             "them (50.0 % of the steps)") in capsys.readouterr().out
+
+
+def ddp_trace(rank: int, micro_batches: int, synced: int, wait_us: float,
+              step_us: float = STEP_US, steps: int = 2) -> KinetoTrace:
+    """`steps` steps of `micro_batches` DDP forwards each; the last `synced` micro-batches end in
+    an all-reduce of wait_us (gloo span and its c10d op); distributedInfo of a 2-rank job."""
+    t = KinetoTrace(cpu_pid=100 + rank)
+    for index in range(steps):
+        at = T0 + index * step_us
+        t.step(index + 1, at, step_us)
+        slot = step_us / micro_batches
+        for micro in range(micro_batches):
+            begin = at + micro * slot
+            t.annotation("DistributedDataParallel.forward", begin + 10, slot / 4)
+            if micro >= micro_batches - synced:
+                t.op("c10d::allreduce_", begin + slot / 2, 20)
+                t.annotation("gloo:all_reduce", begin + slot / 2, wait_us)
+    return t
+
+
+def write_rank(tmp_path, t: KinetoTrace, rank: int):
+    import json
+    data = t.to_json()
+    data["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": 2}
+    path = tmp_path / f"ddp_rank{rank}.1.pt.trace.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("synced, fires", [(4, True), (2, True), (1, False)])
+def test_ddp_sync_counts_micro_batches_that_end_in_an_all_reduce(tmp_path, synced, fires):
+    path = write_rank(tmp_path, ddp_trace(0, 4, synced, 500), 0)
+    result = analyze.analyze_trace(path)
+    assert result["distributed"]["ddp_forwards_per_step"] == 4
+    assert result["distributed"]["synced_forwards_per_step"] == synced
+    assert result["distributed"]["collectives_per_step"] == synced
+    assert ("ddp_sync" in [f["id"] for f in result["findings"]]) == fires
+
+
+def test_one_forward_per_step_is_no_accumulation(tmp_path):
+    result = analyze.analyze_trace(write_rank(tmp_path, ddp_trace(0, 1, 1, 500), 0))
+    assert result["distributed"]["synced_forwards_per_step"] == 1 and result["findings"] == []
+
+
+def test_a_folder_of_ranks_gets_the_cross_rank_view(tmp_path, capsys):
+    """Rank 1 is the straggler: its all-reduces are short because the others wait for it there."""
+    write_rank(tmp_path, ddp_trace(0, 2, 1, 2000), 0)
+    write_rank(tmp_path, ddp_trace(1, 2, 1, 1000), 1)
+    view = analyze.analyze_ranks(tmp_path)
+    cross = view["cross_rank"]
+    assert [r["distributed"]["rank"] for r in view["ranks"]] == [0, 1]
+    assert cross["collective_ms_per_step_by_rank"] == {0: 2.0, 1: 1.0}
+    assert cross["least_waiting_rank"] == 1 and cross["wait_spread_ms_per_step"] == 1.0
+    assert cross["world_size"] == 2 and cross["ranks_read"] == 2
+    assert analyze.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 waits least in collectives (1.0 ms/step, 1.0 ms less than the most)" in out
+    # One trace, or traces that are not distinct ranks: the newest trace, as before.
+    (tmp_path / "ddp_rank1.1.pt.trace.json").unlink()
+    assert analyze.analyze_ranks(tmp_path) is None

@@ -380,8 +380,16 @@ def test_distributed_by_hand(name):
                if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")]
     busy = hand_union(kernels or [(start(e), end(e)) for e in calls], low, high)
     backend, rank, world_size = DISTRIBUTED[name]
+    # DDP forwards in the window, and those with a collective starting before the next one.
+    forwards = sorted(start(e) for e in events if e["name"] == "DistributedDataParallel.forward"
+                      and low <= start(e) < high)
+    starts = [start(e) for e in calls if low <= start(e) < high]
+    synced = sum(any(a <= x < b for x in starts) for a, b in zip(forwards, forwards[1:] + [high]))
     assert result == {
         "backend": backend, "rank": rank, "world_size": world_size,
-        "collectives_per_step": sum(low <= start(e) < high for e in calls) / steps,
+        "collectives_per_step": len(starts) / steps,
         "collective_ms_per_step": pytest.approx(busy / 1000 / steps, rel=1e-9),
-        "comm_pct": pytest.approx(100 * busy / (high - low), rel=1e-9)}
+        "comm_pct": pytest.approx(100 * busy / (high - low), rel=1e-9),
+        "ddp_forwards_per_step": len(forwards) / steps, "synced_forwards_per_step": synced / steps}
+    # One DDP forward and one sync per step in each (no accumulation): no ddp_sync verdict.
+    assert "ddp_sync" not in [f["id"] for f in cli_json(name)["findings"]]

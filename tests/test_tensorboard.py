@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from common import analyze, harness, trace
+from common import analyze, harness, presets, trace
 from tests import synthetic_traces as synthetic
 from tests.conftest import REAL_GPU_TRACES, SHARED_TRACES, run_folders
 
@@ -37,12 +37,14 @@ RECORDED_STEPS = [str(harness.PROFILE_WAIT_STEPS + harness.PROFILE_WARMUP_STEPS 
                   for index in range(harness.PROFILE_ACTIVE_STEPS)]
 
 
-def overview(tensorboard, run: str) -> dict:
-    """The Overview of the run's only worker, as the UI asks for it."""
-    workers = tensorboard.plugin_json("workers", run=run, view="Overview")
-    assert len(workers) == 1, workers  # one trace per run folder
-    spans = tensorboard.plugin_json("spans", run=run, worker=workers[0])
-    return tensorboard.plugin_json("overview", run=run, worker=workers[0], span=spans[0])
+def overview(tensorboard, run: str, worker: str | None = None) -> dict:
+    """The Overview of a worker of the run (by default its only one), as the UI asks for it."""
+    if worker is None:
+        workers = tensorboard.plugin_json("workers", run=run, view="Overview")
+        assert len(workers) == 1, workers  # one trace per run folder
+        worker = workers[0]
+    spans = tensorboard.plugin_json("spans", run=run, worker=worker)
+    return tensorboard.plugin_json("overview", run=run, worker=worker, span=spans[0])
 
 
 def step_parts(answer: dict) -> dict[str, tuple[float, float]]:
@@ -74,9 +76,13 @@ def test_plugin_lists_both_runs_and_answers_the_overview(tensorboard, demos_smok
         assert {"Overview", "Operator", "Trace"} <= set(views), (run, views)
         for view in views:
             assert tensorboard.plugin_json("workers", run=run, view=view), (run, view)
-        answer = overview(tensorboard, run)
-        assert [row[0] for row in answer["steps"]["rows"]] == RECORDED_STEPS, run
-        assert step_parts(answer) and answer["performance"][0]["value"] > 0, run
+        workers = tensorboard.plugin_json("workers", run=run, view="Overview")
+        # One worker (trace) per run folder, but for the pair run as two ranks.
+        assert len(workers) == (2 if run.startswith("smoke/ddp_no_sync/") else 1), workers
+        for worker in workers:
+            answer = overview(tensorboard, run, worker)
+            assert [row[0] for row in answer["steps"]["rows"]] == RECORDED_STEPS, run
+            assert step_parts(answer) and answer["performance"][0]["value"] > 0, run
     # The rewrite at work even at smoke sizes: the plugin sees the DataLoader (0 us without it).
     bad = step_parts(overview(tensorboard, "smoke/dataloader_workers/bad"))
     assert bad["DataLoader"][0] > 0
@@ -187,3 +193,29 @@ def test_plugin_drops_the_empty_last_step_of_the_mi250_trace(tensorboard):
     answer = overview(tensorboard, real_run("mi250_rocm_3steps"))
     ours = analyze.analyze_trace(SHARED_TRACES / "mi250_rocm_3steps.json.gz")
     assert len(answer["steps"]["rows"]) == 1 and ours["steps"] == 2
+
+
+def test_distributed_view_reads_both_ranks_of_the_ddp_pair(tensorboard):
+    """The plugin's Distributed view on our gloo CPU traces (one per rank): both ranks listed,
+    each rank's all-reduce calls and bytes per recorded span, 4x as many in bad (an all-reduce
+    per micro-batch) as in fixed (one per step), sizes from the recorded shapes."""
+    micro_batches = presets.PRESETS["ddp_no_sync"]["smoke"].sizes["micro_batches"]
+    stats = {}
+    for variant in VARIANTS:
+        run = f"smoke/ddp_no_sync/{variant}"
+        assert "Distributed" in tensorboard.plugin_json("views", run=run)
+        workers = tensorboard.plugin_json("workers", run=run, view="Overview")
+        assert workers == [f"ddp_no_sync_{variant}_rank0", f"ddp_no_sync_{variant}_rank1"]
+        span = tensorboard.plugin_json("spans", run=run, worker=workers[0])[0]
+        ops = tensorboard.plugin_json("distributed/commops", run=run, worker="All", span=span)
+        stats[variant] = {worker: {row[0]: row for row in table["rows"]}["gloo:all_reduce"]
+                          for worker, table in ops["data"].items()}
+        assert tensorboard.plugin_json("distributed/gpuinfo", run=run, worker="All",
+                                       span=span) is None  # CPU ranks: no GPU to describe
+    for rank in (0, 1):
+        bad = stats["bad"][f"ddp_no_sync_bad_rank{rank}"]
+        fixed = stats["fixed"][f"ddp_no_sync_fixed_rank{rank}"]
+        _, bad_calls, bad_bytes = bad[:3]
+        _, fixed_calls, fixed_bytes = fixed[:3]
+        assert bad_calls == micro_batches * fixed_calls and fixed_bytes > 0
+        assert bad_bytes == micro_batches * fixed_bytes
