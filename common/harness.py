@@ -188,6 +188,9 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     device = pick_device(flags.device, parser)
     dist_info = None
     if demo in DISTRIBUTED_DEMOS:
+        if not torch.distributed.is_available():
+            parser.error("this PyTorch build has no torch.distributed (torch.distributed."
+                         "is_available() is False), which this demo needs to run its ranks")
         if not distributed.launched():  # flags checked: run the ranks, each parses them again
             ranks = distributed.ranks_for(device.type)
             print(f"[{demo}/{variant}] starting {ranks} ranks with torchrun", flush=True)

@@ -189,3 +189,11 @@ def test_a_failing_rank_stops_the_job_with_its_message(tmp_path, capsys):
     assert distributed.relaunch(str(script), [], 2) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: rank 1: error: rank one cannot go on"]
+
+
+def test_a_torch_without_distributed_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        harness.setup("ddp_no_sync", "bad", ["--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "has no torch.distributed" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -219,3 +219,18 @@ def test_distributed_view_reads_both_ranks_of_the_ddp_pair(tensorboard):
         _, fixed_calls, fixed_bytes = fixed[:3]
         assert bad_calls == micro_batches * fixed_calls and fixed_bytes > 0
         assert bad_bytes == micro_batches * fixed_bytes
+
+
+def test_distributed_view_on_a_real_nccl_rank_counts_only_its_five_collectives(tensorboard):
+    """One rank of a real NCCL job (V100): the plugin shows its Distributed view, but counts only
+    the collectives in its name lists (broadcast, reduce, all_reduce, all_gather, reduce_scatter):
+    the trace's 3 all_reduce calls a step, not its 7 all_to_all, which our analyzer counts too."""
+    run = real_run("v100_nccl_rank1_6steps")
+    assert "Distributed" in tensorboard.plugin_json("views", run=run)
+    worker = tensorboard.plugin_json("workers", run=run, view="Overview")[0]
+    span = tensorboard.plugin_json("spans", run=run, worker=worker)[0]
+    ops = tensorboard.plugin_json("distributed/commops", run=run, worker="All", span=span)
+    (table,) = ops["data"].values()
+    assert [(row[0], row[1]) for row in table["rows"]] == [("nccl:all_reduce", 18)]
+    ours = analyze.analyze_trace(SHARED_TRACES / "v100_nccl_rank1_6steps.json.gz")["distributed"]
+    assert ours["collectives_per_step"] == 10  # 3 all_reduce + 7 all_to_all a step, 6 steps
