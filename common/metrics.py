@@ -96,27 +96,40 @@ def runtime_step_index(columns: TraceColumns, steps: Spans) -> np.ndarray:
     return step_index(steps, columns.runtime)
 
 
+def gpu_ops(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
+    """Every GPU op (kernels, then copies, then memsets) and its correlation id."""
+    return (concat(columns.kernels, columns.memcpy, columns.memset),
+            np.concatenate([columns.kernel_correlation, columns.memcpy_correlation,
+                            columns.memset_correlation]))
+
+
+def launching_call(columns: TraceColumns, correlation: np.ndarray) -> np.ndarray:
+    """For each correlation id (of a GPU op), the index of the runtime call that carries it and so
+    launched the op; -1 where none does."""
+    known = np.flatnonzero(columns.runtime_correlation >= 0)
+    order = known[np.argsort(columns.runtime_correlation[known], kind="stable")]
+    by_correlation = columns.runtime_correlation[order]
+    if not by_correlation.size:
+        return np.full(correlation.size, -1)
+    position = np.clip(np.searchsorted(by_correlation, correlation), 0, by_correlation.size - 1)
+    found = (by_correlation[position] == correlation) & (correlation >= 0)
+    return np.where(found, order[position], -1)
+
+
 def extend_steps(columns: TraceColumns, steps: Spans, runtime_step: np.ndarray) -> Spans:
     """The TensorBoard plugin's rule (torch_tb_profiler StepParser._update_steps_duration): a step
     ends when the GPU work launched by the runtime calls inside it ends (linked by correlation
     id), and starts no earlier than the previous step's end. Unlike the plugin, trailing steps
     whose GPU work looks incompletely captured are kept."""
-    gpu = concat(columns.kernels, columns.memcpy, columns.memset)
-    gpu_correlation = np.concatenate([columns.kernel_correlation, columns.memcpy_correlation,
-                                      columns.memset_correlation])
-    linked = runtime_step >= 0
-    if not gpu.size or not linked.any():
+    gpu, gpu_correlation = gpu_ops(columns)
+    if not gpu.size or not (runtime_step >= 0).any():
         return steps
-    launch_correlation = columns.runtime_correlation[linked]
-    launch_step = runtime_step[linked]
-    order = np.argsort(launch_correlation, kind="stable")
-    launch_correlation, launch_step = launch_correlation[order], launch_step[order]
-    position = np.clip(np.searchsorted(launch_correlation, gpu_correlation), 0,
-                       launch_correlation.size - 1)
-    matched = (launch_correlation[position] == gpu_correlation) & (gpu_correlation >= 0)
+    call = launching_call(columns, gpu_correlation)
+    matched = call >= 0
+    matched[matched] = runtime_step[call[matched]] >= 0  # launched inside a step
     if not matched.any():
         return steps
-    gpu_step = launch_step[position[matched]]
+    gpu_step = runtime_step[call[matched]]
     device_first = np.full(steps.size, np.inf)
     device_last = np.full(steps.size, -np.inf)
     np.minimum.at(device_first, gpu_step, gpu.start[matched])
@@ -328,21 +341,11 @@ IDLE_CAUSES = ("dataloader", "host_sync", "launch", "other")
 def launch_ends(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
     """Every GPU op (kernel, copy, memset) sorted by start, and when the runtime call that
     launched each one ended (NaN: no runtime call in the trace with its correlation)."""
-    gpu = concat(columns.kernels, columns.memcpy, columns.memset)
-    correlation = np.concatenate([columns.kernel_correlation, columns.memcpy_correlation,
-                                  columns.memset_correlation])
+    gpu, correlation = gpu_ops(columns)
     order = np.argsort(gpu.start, kind="stable")
-    gpu, correlation = Spans(gpu.start[order], gpu.end[order]), correlation[order]
+    gpu, call = Spans(gpu.start[order], gpu.end[order]), launching_call(columns, correlation[order])
     launched = np.full(gpu.size, np.nan)
-    known = columns.runtime_correlation >= 0
-    if known.any():
-        runtime_order = np.flatnonzero(known)[np.argsort(columns.runtime_correlation[known],
-                                                         kind="stable")]
-        sorted_correlation = columns.runtime_correlation[runtime_order]
-        position = np.clip(np.searchsorted(sorted_correlation, correlation), 0,
-                           sorted_correlation.size - 1)
-        found = (sorted_correlation[position] == correlation) & (correlation >= 0)
-        launched[found] = columns.runtime.end[runtime_order[position[found]]]
+    launched[call >= 0] = columns.runtime.end[call[call >= 0]]
     return gpu, launched
 
 
