@@ -176,11 +176,9 @@ def format_ranks(view: dict) -> str:
                      f"{dist['collectives_per_step']:.1f}",
                      f"{dist['collective_ms_per_step']:.1f}",
                      ", ".join(f["id"] for f in result["findings"]) or "none"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"ranks        {cross['ranks_read']} of {cross['world_size']} "
              f"({view['ranks'][0]['distributed']['backend']}), one trace each"]
-    lines += ["  " + "  ".join(cell.rjust(widths[i]) if 0 < i < 4 else cell.ljust(widths[i])
-                               for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines += text_table(rows, right=(1, 2, 3))
     lines.append(f"slowest      rank {cross['slowest_rank']} "
                  f"({cross['step_ms_by_rank'][cross['slowest_rank']]:.1f} ms/step); rank "
                  f"{cross['least_waiting_rank']} waits least in collectives "
@@ -261,6 +259,14 @@ def format_human(result: dict) -> str:
                      + (f" - see demos/{found['demo']}/" if found["demo"] else ""))
     return "\n".join(lines)
 
+
+
+def text_table(rows: list[tuple[str, ...]], right: tuple[int, ...]) -> list[str]:
+    """Rows of cells as aligned lines, indented two spaces; the columns in `right` right-aligned
+    (numbers), the others left. Shared by the three command lines' tables."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+                             for i, cell in enumerate(row)).rstrip() for row in rows]
 
 
 def print_output(text: str) -> int:

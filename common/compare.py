@@ -253,11 +253,8 @@ def notes(comparison: dict) -> list[str]:
 
 def format_text(comparison: dict) -> str:
     rows = [("", "bad", "fixed", "fixed/bad")] + table_rows(comparison)
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = [f"{comparison['demo']}: {conditions(comparison)}"]
-    for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i])
-                                      for i, cell in enumerate(row)))
+    lines += analyze.text_table(rows, right=(1, 2, 3))
     if comparison["speedup"] is not None:
         lines.append(f"  fixed / bad: {comparison['speedup']:.2f}x {comparison['speedup_of']}"
                      + (f", {comparison['peak_memory_ratio']:.2f}x peak memory"
@@ -308,9 +305,7 @@ def what_changed_lines(changed: dict) -> list[str]:
     if not rows:
         return []
     rows = [("", "what changed most (time per step)", "bad ms", "fixed ms", "calls/step")] + rows
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return ["  " + "  ".join(cell.rjust(widths[i]) if i in (2, 3) else cell.ljust(widths[i])
-                             for i, cell in enumerate(row)).rstrip() for row in rows]
+    return analyze.text_table(rows, right=(2, 3))
 
 
 def main(argv: list[str] | None = None) -> int:

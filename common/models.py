@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 import torchvision
 
+from common import data, harness
+
 SGD_LR = 0.1  # torchvision's ResNet reference recipe (batch 256)
 SGD_MOMENTUM = 0.9
 SGD_WEIGHT_DECAY = 1e-4
@@ -136,13 +138,11 @@ def normed_mlp(run) -> torch.nn.Module:
 
 def adamw(run, model: torch.nn.Module, **implementation: bool) -> torch.optim.AdamW:
     """AdamW at ADAMW_LR over the model's parameters; `implementation`: torch's foreach or fused
-    flag, written to run.config and said in the output (harness.log)."""
+    flag, written to run.config and said in the output."""
     params = list(model.parameters())
     chosen = ", ".join(f"{flag}={value}" for flag, value in implementation.items()) or "default"
     run.config.update(optimizer=f"AdamW({chosen})", parameter_tensors=len(params))
-    if run.rank == 0:  # one line per run, not per rank
-        print(f"[{run.demo}/{run.variant}] optimizer: AdamW({chosen}) over {len(params)} "
-              f"parameter tensors", flush=True)
+    harness.log(run, f"optimizer: AdamW({chosen}) over {len(params)} parameter tensors")
     return torch.optim.AdamW(params, lr=ADAMW_LR, **implementation)
 
 
@@ -222,7 +222,7 @@ class TextClassifier(torch.nn.Module):
     def __init__(self, vocab: int, d_model: int, heads: int, blocks: int, max_len: int,
                  num_classes: int):
         super().__init__()
-        self.embed = torch.nn.Embedding(vocab, d_model, padding_idx=0)
+        self.embed = torch.nn.Embedding(vocab, d_model, padding_idx=data.PAD_TOKEN)
         self.position = torch.nn.Parameter(torch.zeros(max_len, d_model))
         self.encoder = torch.nn.TransformerEncoder(
             torch.nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model,
