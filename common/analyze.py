@@ -84,6 +84,10 @@ def analyze(path: Path) -> Analysis:
     runtime_step = runtime_step_index(columns, host)
     steps = extend_steps(columns, host, runtime_step)
     window = (float(steps.start[0]), float(steps.end[-1]))
+    # What the CPU did in the steps (layer shapes, the optimizer region, softmaxes, collective
+    # calls) lies in the host steps: when the GPU is the bottleneck the CPU runs steps ahead of it,
+    # and the extended steps, which follow the GPU, can start after the last host step has ended.
+    host_window = (float(host.start[0]), float(host.end[-1]))
     span = window[1] - window[0]
     n_steps = steps.size
     step_ms = (steps.end - steps.start) / US_PER_MS
@@ -97,8 +101,8 @@ def analyze(path: Path) -> Analysis:
     memory_ts, memory_mb = memory_ts[order], memory_mb[order]
     gpu_props = columns.device_properties[0] if has_gpu and columns.device_properties else {}
     total_memory = gpu_props.get("totalGlobalMem") if isinstance(gpu_props, dict) else None
-    layer_batches = columns.batch_rows[(columns.batch_ts >= window[0])
-                                       & (columns.batch_ts < window[1])]
+    layer_batches = columns.batch_rows[(columns.batch_ts >= host_window[0])
+                                       & (columns.batch_ts < host_window[1])]
 
     metrics = {
         "trace": str(trace_path),
@@ -120,10 +124,10 @@ def analyze(path: Path) -> Analysis:
         "input_batch": float(np.median(layer_batches)) if layer_batches.size else None,
         "steps_named": bool(columns.steps.size),
         # The optimizer region (null without one) and attention's shapes and operators.
-        "optimizer": optimizer_metrics(columns, window, n_steps),
-        "attention": attention_metrics(columns, window, n_steps),
+        "optimizer": optimizer_metrics(columns, host_window, window, n_steps),
+        "attention": attention_metrics(columns, host_window, n_steps),
         # torch.distributed: null for a trace of one process.
-        "distributed": distributed_metrics(columns, window, n_steps),
+        "distributed": distributed_metrics(columns, window, n_steps, host_window),
     }
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]

@@ -77,8 +77,8 @@ def augmented_images(run, uint8: bool = False) -> JpegImages:
     """Exactly enough samples for one run (warm-up, timed and profiled steps), so no epoch
     restarts in the middle of a measurement. uint8: see JpegImages."""
     run.config["batch_dtype"] = "uint8" if uint8 else "float32"
-    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, uint8=uint8,
-                      **run.sizes)
+    sizes = {key: value for key, value in run.sizes.items() if key != "resnet_depth"}  # model's
+    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, uint8=uint8, **sizes)
 
 
 def imagenet_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

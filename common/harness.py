@@ -71,6 +71,31 @@ RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attent
 # lesson only where memory is. On a CPU every demo reads its peak from them.
 PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention"})
 
+# Dense BF16 tensor-core peak (TFLOPS, no sparsity) of GPUs by a piece of their device name, the
+# more specific first; from NVIDIA's datasheets (H100 SXM5 989.4, H100 NVL 835, H100 PCIe 756,
+# H200 989.4, B200 2250, A100 312, L40S 362, L4 121). A run that records its model FLOPs
+# (run.config["model_tflop_per_step"]) reports the share of this peak it reached: what is called
+# model-FLOPs utilisation (MFU). A GPU not listed gets achieved TFLOPS only.
+BF16_DENSE_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4),
+                          ("H200", 989.4), ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0),
+                          ("L4", 121.0))
+
+
+def bf16_peak_tflops(device_name: str) -> float | None:
+    return next((peak for key, peak in BF16_DENSE_PEAK_TFLOPS if key in device_name), None)
+
+
+def flops_achieved(run: Run, step_ms_p50: float) -> dict:
+    """Achieved TFLOPS at the timed step p50, and its share of the GPU's BF16 peak; {} for a run
+    that records no model FLOPs."""
+    tflop = run.config.get("model_tflop_per_step")
+    if not tflop:
+        return {}
+    achieved = tflop / (step_ms_p50 / 1000.0)
+    peak = bf16_peak_tflops(run.device_name) if run.is_cuda else None
+    return {"achieved_tflops": achieved, "bf16_peak_tflops": peak,
+            "bf16_peak_pct": None if peak is None else 100.0 * achieved / peak}
+
 
 @dataclass
 class Run:
@@ -601,6 +626,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "profiled_step_ms_p50": profiled_step_ms_p50,
         "profiler_overhead_ratio": overhead_ratio,
         "first_step_s": first_step_s, "warmup_s": warmup_s,
+        **flops_achieved(run, step_ms_p50),
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,
         "extra": run.extra, "notes": run.notes,
@@ -623,6 +649,11 @@ def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
              f"p95 {summary['step_ms_p95']:.1f} ms | peak memory "
              f"{'n/a' if peak is None else f'{peak:.0f} MB'}"
              f"{'' if wait is None else f' | waiting for data {wait:.1f} % of the time'}")
+    if summary.get("achieved_tflops") is not None:
+        peak = summary["bf16_peak_tflops"]
+        log(run, f"{summary['achieved_tflops']:.4g} TFLOPS of model math at the step p50"
+                 + ("" if peak is None else f", {summary['bf16_peak_pct']:.1f} % of the GPU's "
+                                            f"dense BF16 peak ({peak:.0f} TFLOPS)"))
     if summary["tokens_per_s"] is not None:
         log(run, f"{summary['tokens_per_s']:.0f} real tokens/s | padding "
                  f"{summary['padding_pct']:.1f} % of the tokens computed")

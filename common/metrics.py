@@ -247,11 +247,13 @@ def ops_named(columns: TraceColumns, keep, mask: np.ndarray) -> np.ndarray:
     return np.fromiter((verdict[name] for name in names), bool, names.size)
 
 
-def optimizer_metrics(columns: TraceColumns, window: tuple[float, float],
-                      n_steps: int) -> dict | None:
-    """The optimizer region in the window (our "optimizer" spans and torch.optim's own
-    Optimizer.step#... ones): its time, and the operators that start inside it; None without."""
-    low, high = window
+def optimizer_metrics(columns: TraceColumns, host_window: tuple[float, float],
+                      window: tuple[float, float], n_steps: int) -> dict | None:
+    """The optimizer region in the host window (our "optimizer" spans and torch.optim's own
+    Optimizer.step#... ones) and the operators that start inside it; None without. Its time per
+    step and share of the window: on a GPU, of the region's GPU-timeline copies in the window
+    (columns.gpu_optimizer), where the trace has them; else of the CPU spans."""
+    low, high = host_window
     region = clip(merge(columns.regions[OPTIMIZER_REGION]), low, high)
     if not region.size:
         return None
@@ -262,8 +264,11 @@ def optimizer_metrics(columns: TraceColumns, window: tuple[float, float],
     # Not the region's own spans, where a trace writes them as operators (the 2021 vocabulary).
     inside[inside] = ~ops_named(columns, lambda n: name_role(n) == ROLE_REGION, inside)
     multi_tensor = ops_named(columns, lambda n: any(m in n for m in MULTI_TENSOR_MARKERS), inside)
-    return {"ms_per_step": total(region) / US_PER_MS / n_steps,
-            "pct": 100.0 * total(region) / (high - low) if high > low else 0.0,
+    on_gpu = clip(merge(columns.gpu_optimizer), *window)
+    timed, (low, high) = (on_gpu, window) if on_gpu.size else (region, host_window)
+    return {"ms_per_step": total(timed) / US_PER_MS / n_steps,
+            "pct": 100.0 * total(timed) / (high - low) if high > low else 0.0,
+            "on_gpu_timeline": bool(on_gpu.size),
             "ops_per_step": float(inside.sum()) / n_steps,
             "multi_tensor_ops_per_step": float(multi_tensor.sum()) / n_steps}
 
@@ -282,31 +287,35 @@ def attention_metrics(columns: TraceColumns, window: tuple[float, float], n_step
 
 # --- torch.distributed. -----------------------------------------------------------------------
 
-def distributed_metrics(columns: TraceColumns, window: tuple[float, float],
-                        n_steps: int) -> dict | None:
+def distributed_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,
+                        host_window: tuple[float, float] | None = None) -> dict | None:
     """For a rank's trace (distributedInfo, or collectives in it): its backend, rank and world
-    size; collectives per step (the "<backend>:<collective>" spans starting in the window, or
-    the c10d::* operators where a trace has no such spans); their time per step and share of the
-    window: the union of NCCL kernels where the GPU ran them, else of the collective spans.
+    size; collectives per step (the "<backend>:<collective>" spans starting in the host window,
+    or the c10d::* operators where a trace has no such spans); their time per step and share of
+    the window: the union of NCCL kernels where the GPU ran them (in the window, which follows
+    the GPU), else of the collective spans (in the host window, default: the window).
     None for a trace of one process."""
     info = columns.distributed_info or {}
     calls = columns.collective_spans if columns.collective_spans.size else columns.collective_ops
     if not calls.size and (info.get("world_size") or 1) <= 1:  # {"rank": 0} alone: one process
         return None
-    low, high = window
+    host_low, host_high = host_window or window
     kernels = columns.kernels
     nccl = np.array([name.startswith(NCCL_KERNEL_PREFIXES)
                      for name in columns.kernel_name_table], dtype=bool)
     nccl_kernels = nccl[columns.kernel_name_id] if nccl.size else np.zeros(0, bool)
-    busy = (Spans(kernels.start[nccl_kernels], kernels.end[nccl_kernels]) if nccl_kernels.any()
-            else calls)
+    if nccl_kernels.any():
+        busy, (low, high) = Spans(kernels.start[nccl_kernels], kernels.end[nccl_kernels]), window
+    else:
+        busy, (low, high) = calls, (host_low, host_high)
     collective_us = union_in(busy, low, high)
-    in_window = (calls.start >= low) & (calls.start < high)
-    # Gradient accumulation: DDP forwards (micro-batches) in the window, and how many of them are
-    # followed by collectives before the next one (or the window's end): with no_sync, one a step.
+    in_window = (calls.start >= host_low) & (calls.start < host_high)
+    # Gradient accumulation: DDP forwards (micro-batches) in the host window, and how many of them
+    # are followed by collectives before the next one (or the window's end): with no_sync, one a
+    # step.
     forwards = columns.ddp_forwards.start
-    forwards = forwards[(forwards >= low) & (forwards < high)]
-    until = np.r_[forwards[1:], high]
+    forwards = forwards[(forwards >= host_low) & (forwards < host_high)]
+    until = np.r_[forwards[1:], host_high]
     call_starts = np.sort(calls.start[in_window])
     synced = (np.searchsorted(call_starts, until, side="left")
               > np.searchsorted(call_starts, forwards, side="left"))

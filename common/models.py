@@ -15,8 +15,11 @@ SGD_WEIGHT_DECAY = 1e-4
 
 
 def resnet(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """ResNet-18, randomly initialised (weights=None: nothing is downloaded), and SGD."""
-    model = torchvision.models.resnet18(weights=None, num_classes=run.sizes["num_classes"])
+    """ResNet-18 (or the depth in run.sizes["resnet_depth"]: 50 for ResNet-50), randomly
+    initialised (weights=None: nothing is downloaded), and SGD."""
+    depth = run.sizes.get("resnet_depth", 18)
+    build = getattr(torchvision.models, f"resnet{depth}")
+    model = build(weights=None, num_classes=run.sizes["num_classes"])
     model = model.to(run.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM,
                                 weight_decay=SGD_WEIGHT_DECAY)
@@ -63,10 +66,23 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def transformer_train_flop(sizes: dict[str, int], batch_size: int) -> float:
+    """Model FLOPs of one training step of TokenTransformer (forward and backward, 3x the forward;
+    recomputation not counted, as model-FLOPs utilisation defines it, PaLM appendix B): per token
+    2 FLOPs per weight of every matmul (12 d^2 a block: attention's four projections, the 4x MLP;
+    and the head) and 4 s d a block for attention's scores and weighted sum (no mask: all s keys)."""
+    d, blocks, seq_len = sizes["d_model"], sizes["blocks"], sizes["seq_len"]
+    per_token = 2 * (12 * d * d * blocks + d * sizes["vocab"]) + 4 * seq_len * d * blocks
+    return 3.0 * per_token * batch_size * seq_len
+
+
 def transformer(run, run_block: Callable = call_block
                 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """TokenTransformer sized by run.sizes (vocab, d_model, heads, blocks, seq_len), and AdamW."""
+    """TokenTransformer sized by run.sizes (vocab, d_model, heads, blocks, seq_len), and AdamW.
+    Records the step's model FLOPs (run.config["model_tflop_per_step"]), from which the summary
+    gives achieved TFLOPS and, on a GPU of known peak, the share of it."""
     sizes = run.sizes
+    run.config["model_tflop_per_step"] = transformer_train_flop(sizes, run.batch_size) / 1e12
     model = TokenTransformer(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
                              sizes["seq_len"], run_block=run_block).to(run.device)
     return model, torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)

@@ -21,12 +21,16 @@ CPU_WITHOUT_BF16_UNITS = "cpu_no_amx"
 
 PRESETS: dict[str, dict[str, Preset]] = {
     "dataloader_workers": {
-        # ResNet-18 on 224 px crops of ~ImageNet-sized JPEGs: the GPU trains a batch in tens of ms,
-        # one process needs seconds to decode and augment it. The warm-up outlasts the first round
-        # of batches, which all workers finish at once (up to 14 on a 16-core machine): timing
-        # that burst would flatter the fixed variant.
-        "cuda": Preset(batch_size=256, steps=100, warmup_steps=30,
-                       sizes=dict(source_px=256, crop_px=224, num_classes=1000, distinct_images=64)),
+        # ResNet-50 on 224 px crops of ~ImageNet-sized JPEGs, the model of the published
+        # data-loading figures. Measured on the H100 reference machine (16 cores, 2026-11-22): one
+        # process prepares a batch of 256 in ~2 s (7.7 ms an image), 14 workers ~2,300 images/s;
+        # ResNet-18 trained 4,900 images/s there, so its fixed run still waited for data half
+        # the time, while ResNet-50 (~2.3x the math) needs fewer than the workers make. The warm-up
+        # outlasts the first round of batches, which all workers finish at once: timing that
+        # burst would flatter the fixed variant. 60 timed steps: bad's take 2 s each.
+        "cuda": Preset(batch_size=256, steps=60, warmup_steps=20,
+                       sizes=dict(source_px=256, crop_px=224, num_classes=1000, distinct_images=64,
+                                  resnet_depth=50)),
         # Low-resolution training (64 px crops of 800 px photos) so that one CPU core trains a
         # batch in about twice the time another core takes to prepare it (measured on a 2-core
         # Xeon: 10.4 ms vs 5.7 ms per image); at 224 px training would hide the data cost.
@@ -52,13 +56,14 @@ PRESETS: dict[str, dict[str, Preset]] = {
                         sizes=dict(image_px=32, num_classes=10)),
     },
     "mixed_precision": {
-        # 12 blocks of d_model 1024 (~150 M weights + 17 M in embedding and head), 16 x 512 tokens:
-        # ~9 TFLOP per step. FP32 without TF32 runs at most ~60 TFLOPS on an H100 (~150 ms), BF16 on
-        # tensor cores at up to ~990 TFLOPS, so the matmuls stop dominating. Memory: ~2.7 GB of
-        # weights, gradients and AdamW state, ~7 GB of FP32 activations (scaled dot-product
-        # attention keeps no seq x seq matrix).
-        "cuda": Preset(batch_size=16, steps=20, warmup_steps=5,
-                       sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=12, seq_len=512)),
+        # 4 blocks of d_model 4096 (32 heads of 128; 805 M weights, 67 M in embedding and head),
+        # 16 x 1024 tokens: 86 TFLOP a step (models.transformer_train_flop). Wide enough that BF16
+        # matmuls dominate the step: at d_model 1024 (the first H100 run) the weight casts,
+        # norms and the optimizer took two thirds of the BF16 step, which reached 20 % of the
+        # H100's BF16 peak. FP32 without TF32 runs ~42 TFLOPS there (measured): ~2 s a step.
+        # Memory: ~14 GB of weights, gradients and AdamW state, ~20 GB of FP32 activations.
+        "cuda": Preset(batch_size=16, steps=10, warmup_steps=3,
+                       sizes=dict(vocab=8192, d_model=4096, heads=32, blocks=4, seq_len=1024)),
         # A quarter-width model: ~0.5 s per FP32 step on one core, so the pair takes about a minute.
         "cpu": Preset(batch_size=8, steps=16, warmup_steps=2,
                       sizes=dict(vocab=1024, d_model=256, heads=4, blocks=4, seq_len=256)),
@@ -73,11 +78,14 @@ PRESETS: dict[str, dict[str, Preset]] = {
                                                   seq_len=128)),
     },
     "activation_checkpointing": {
-        # 16 blocks of d_model 1024 over 8 x 2048 tokens, FP32: each block keeps ~1.1 GB of
-        # activations for backward (~68 bytes x d_model per token), ~18 GB in all, beside ~3.5 GB of
-        # weights, gradients and AdamW state. Checkpointed, a block keeps only its input (67 MB)
-        # and one block is recomputed at a time: ~7 GB expected at the peak, about 0.3x.
-        "cuda": Preset(batch_size=8, steps=15, warmup_steps=3,
+        # 16 blocks of d_model 1024 over 32 x 2048 tokens, FP32: each block keeps ~4.5 GB of
+        # activations for backward (measured on the H100: 2.27 GB a sample over all blocks,
+        # beside ~3.5 GB of weights, gradients and AdamW state), 76 GB at the peak: 89 % of an
+        # 80 GB H100, where the analyzer's activation_memory rule (>= 85 %) reads memory bound, as
+        # a model that barely fits is (batch 8 used 27 % there). Checkpointed, a block keeps only
+        # its input (270 MB) and one block is recomputed at a time. On a GPU with more memory the
+        # bad run fits with room to spare and the rule stays silent, rightly.
+        "cuda": Preset(batch_size=32, steps=10, warmup_steps=2,
                        sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=16, seq_len=2048)),
         # Narrow and deep (12 blocks of 128 over 4 x 512 tokens) so activations dominate memory:
         # ~220 MB of them against ~10 MB of gradients; ~0.6 s per step on one core.
@@ -157,9 +165,13 @@ PRESETS: dict[str, dict[str, Preset]] = {
                         sizes=dict(width=64, blocks=2, num_classes=10, micro_batches=4)),
     },
     "item_sync": {
-        # 16 blocks 1024 wide, batch 1024: each block's matmul (2 GFLOP in FP32, ~40 us on an H100)
-        # takes about as long as the CPU needs to launch the block's dozen small ops, so the
-        # CPU and the GPU overlap fully when nothing makes one wait for the other.
+        # 16 blocks 1024 wide, batch 1024: each block's matmul (2 GFLOP in FP32) and its dozen
+        # small ops, ~34 syncs a step in bad. On the H100 reference machine (a 16-core VM whose
+        # CPU spends ~24 us launching an op) the step is CPU bound, 14 ms of launching for 4.7 ms
+        # of kernels, so removing the waits gains 1.26x: each wait exposes only the GPU's tail.
+        # Width 2048 (measured there too) made the GPU the longer side, and each wait then costs
+        # only the next launch's latency: 0.99x. The waits cost most where CPU and GPU take equal
+        # time per block, a balance that moves with the machine's CPU.
         "cuda": Preset(batch_size=1024, steps=100, warmup_steps=5,
                        sizes=dict(width=1024, blocks=16, num_classes=10)),
         # The same loop, smaller: on a CPU nothing is asynchronous, so no effect is expected.

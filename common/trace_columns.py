@@ -35,6 +35,10 @@ RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
 # gpu_profiler_step for the TensorBoard plugin).
 SKIPPED_CATEGORIES = {"gpu_user_annotation", "gpu_profiler_step"}
 SKIPPED_CATEGORY_PREFIX = "gpu_"
+# Of those copies, the optimizer region's are read (TraceColumns.gpu_optimizer): the time the GPU
+# spent in optimizer.step, which on a GPU-bound run the CPU's span does not show (the CPU reaches
+# the optimizer long before the GPU does, and its span holds waits for a full launch queue).
+GPU_REGION_CATEGORY = "gpu_user_annotation"
 # CPU work for the step breakdown's "CPU Exec": the plugin's CpuOp role, which is operator spans
 # only (torch_tb_profiler 0.4.3, trace.py create_trace_event and event_parser.py _parse_step: the
 # categories it maps to Operator and Python). It drops every user_annotation but ProfilerStep#N
@@ -158,6 +162,7 @@ class TraceColumns:
     distributed_info: dict | None = None
     collective_spans: Spans = field(default_factory=Spans.empty)
     collective_ops: Spans = field(default_factory=Spans.empty)
+    gpu_optimizer: Spans = field(default_factory=Spans.empty)  # GPU_REGION_CATEGORY's optimizer
     ddp_forwards: Spans = field(default_factory=Spans.empty)  # DDP_FORWARD spans, sorted
 
 
@@ -306,6 +311,8 @@ def read_piece(pieces: Pieces, events: list) -> None:
         if kind is None:
             kind = pieces.kind_by_category[category] = category_kind(category)
         if kind == "skip":
+            if str(category).lower() == GPU_REGION_CATEGORY:
+                read_gpu_optimizer(pieces, group)
             continue
         spans = spans_of(group)
         widen(pieces.all_extent, spans)
@@ -409,6 +416,16 @@ def read_host_syncs(pieces: Pieces, group: list, spans: Spans) -> None:
     pieces.add("host_sync_correlation", correlations(group)[keep])
 
 
+def read_gpu_optimizer(pieces: Pieces, group: list) -> None:
+    """The GPU-timeline copies of the optimizer region: from the first kernel launched inside it
+    to the end of the last."""
+    spans = spans_of(group)
+    keep = np.fromiter((name == OPTIMIZER_REGION or name.startswith(OPTIMIZER_STEP_PREFIX)
+                        for name in names_of(group)), bool, len(group))
+    pieces.add("gpu_optimizer_start", spans.start[keep])
+    pieces.add("gpu_optimizer_end", spans.end[keep])
+
+
 def finish(pieces: Pieces, top: dict) -> TraceColumns:
     if not np.isfinite(pieces.all_extent[0]):
         raise ValueError("no timed events (ph 'X'): nothing to analyse")
@@ -468,6 +485,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         memcpy_pageable=pieces.column("memcpy_pageable", bool),
         host_syncs=Spans(pieces.column("host_sync_start"), pieces.column("host_sync_end")),
         host_sync_correlation=pieces.column("host_sync_correlation", np.int64),
+        gpu_optimizer=Spans(pieces.column("gpu_optimizer_start"),
+                            pieces.column("gpu_optimizer_end")),
         hip_runtime=any(name.startswith(HIP_API_PREFIX) for name in pieces.runtime_by_name),
         distributed_info=distributed if isinstance(distributed, dict) else None,
         collective_spans=collective_spans, collective_ops=collective_ops,
