@@ -64,6 +64,7 @@ class Analysis:
     result: dict
     steps: Spans  # extended steps, µs
     window: tuple[float, float]  # µs
+    host_window: tuple[float, float]  # µs, the ProfilerStep#N spans' (CPU-side facts)
     breakdown_ms: np.ndarray  # [step, role] in BREAKDOWN_ROLES order
     regions: dict[str, Spans] = field(default_factory=dict)
     kernel_busy: Spans = field(default_factory=Spans.empty)  # merged kernel intervals
@@ -134,7 +135,8 @@ def analyze(path: Path) -> Analysis:
     breakdown = step_breakdown_ms(steps, roles)
     metrics["step_breakdown_ms"] = dict(zip(BREAKDOWN_ROLES, map(float, breakdown.mean(axis=0))))
     metrics["findings"] = findings_for(metrics)
-    return Analysis(result=metrics, steps=steps, window=window, breakdown_ms=breakdown,
+    return Analysis(result=metrics, steps=steps, window=window, host_window=host_window,
+                    breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),
                     memory_ts=memory_ts, memory_mb=memory_mb, columns=columns)
 

@@ -210,9 +210,11 @@ def self_time_us(ops: Spans, thread: np.ndarray) -> np.ndarray:
     return (duration - children).clip(min=0)
 
 
-def time_by_name(columns: TraceColumns, window: tuple[float, float],
-                 n_steps: int) -> TimeByName:
-    low, high = window
+def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: int,
+                 host_window: tuple[float, float] | None = None) -> TimeByName:
+    """Operators' self time in the host window (default: the window), kernels' time in the
+    window, per name and step."""
+    low, high = host_window or window
     ops = columns.cpu_ops
     self_us = self_time_us(ops, columns.cpu_op_thread)
     in_window = (ops.start >= low) & (ops.start < high)
@@ -223,6 +225,7 @@ def time_by_name(columns: TraceColumns, window: tuple[float, float],
                                 return_index=True, return_inverse=True)
     operators = per_name(codes.ravel(), list(op_names[first]), self_us[in_window], n_steps)
     kernels = columns.kernels
+    low, high = window
     in_window = (kernels.start >= low) & (kernels.start < high)
     return TimeByName(operators, per_name(columns.kernel_name_id[in_window],
                                           columns.kernel_name_table,

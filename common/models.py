@@ -70,7 +70,8 @@ def transformer_train_flop(sizes: dict[str, int], batch_size: int) -> float:
     """Model FLOPs of one training step of TokenTransformer (forward and backward, 3x the forward;
     recomputation not counted, as model-FLOPs utilisation defines it, PaLM appendix B): per token
     2 FLOPs per weight of every matmul (12 d^2 a block: attention's four projections, the 4x MLP;
-    and the head) and 4 s d a block for attention's scores and weighted sum (no mask: all s keys)."""
+    and the head) and 4 s d a block for attention's scores and weighted sum (no mask: all s
+    keys)."""
     d, blocks, seq_len = sizes["d_model"], sizes["blocks"], sizes["seq_len"]
     per_token = 2 * (12 * d * d * blocks + d * sizes["vocab"]) + 4 * seq_len * d * blocks
     return 3.0 * per_token * batch_size * seq_len

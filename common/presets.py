@@ -25,7 +25,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
         # data-loading figures. Measured on the H100 reference machine (16 cores, 2026-11-22): one
         # process prepares a batch of 256 in ~2 s (7.7 ms an image), 14 workers ~2,300 images/s;
         # ResNet-18 trained 4,900 images/s there, so its fixed run still waited for data half
-        # the time, while ResNet-50 (~2.3x the math) needs fewer than the workers make. The warm-up
+        # the time, while ResNet-50 (~2.3x the math) trained 1,850 images/s, GPU bound. The warm-up
         # outlasts the first round of batches, which all workers finish at once: timing that
         # burst would flatter the fixed variant. 60 timed steps: bad's take 2 s each.
         "cuda": Preset(batch_size=256, steps=60, warmup_steps=20,
@@ -56,12 +56,12 @@ PRESETS: dict[str, dict[str, Preset]] = {
                         sizes=dict(image_px=32, num_classes=10)),
     },
     "mixed_precision": {
-        # 4 blocks of d_model 4096 (32 heads of 128; 805 M weights, 67 M in embedding and head),
-        # 16 x 1024 tokens: 86 TFLOP a step (models.transformer_train_flop). Wide enough that BF16
-        # matmuls dominate the step: at d_model 1024 (the first H100 run) the weight casts,
-        # norms and the optimizer took two thirds of the BF16 step, which reached 20 % of the
-        # H100's BF16 peak. FP32 without TF32 runs ~42 TFLOPS there (measured): ~2 s a step.
-        # Memory: ~14 GB of weights, gradients and AdamW state, ~20 GB of FP32 activations.
+        # 4 blocks of d_model 4096 (32 heads of 128; 805 M weights, 72 M in embedding, positions,
+        # head), 16 x 1024 tokens: 86 TFLOP a step (models.transformer_train_flop). Wide enough
+        # that BF16 matmuls dominate the step: at d_model 1024 (the first H100 run) the weight
+        # casts, norms and the optimizer took two thirds of the BF16 step, which reached 20 % of
+        # the H100's BF16 peak. Measured at this size there: FP32 (no TF32) 48.7 TFLOPS, 1.76 s a
+        # step; BF16 autocast 453.6 TFLOPS, 45.8 % of the peak. Peak memory 29.6 GB in FP32.
         "cuda": Preset(batch_size=16, steps=10, warmup_steps=3,
                        sizes=dict(vocab=8192, d_model=4096, heads=32, blocks=4, seq_len=1024)),
         # A quarter-width model: ~0.5 s per FP32 step on one core, so the pair takes about a minute.
@@ -79,12 +79,12 @@ PRESETS: dict[str, dict[str, Preset]] = {
     },
     "activation_checkpointing": {
         # 16 blocks of d_model 1024 over 32 x 2048 tokens, FP32: each block keeps ~4.5 GB of
-        # activations for backward (measured on the H100: 2.27 GB a sample over all blocks,
-        # beside ~3.5 GB of weights, gradients and AdamW state), 76 GB at the peak: 89 % of an
-        # 80 GB H100, where the analyzer's activation_memory rule (>= 85 %) reads memory bound, as
-        # a model that barely fits is (batch 8 used 27 % there). Checkpointed, a block keeps only
-        # its input (270 MB) and one block is recomputed at a time. On a GPU with more memory the
-        # bad run fits with room to spare and the rule stays silent, rightly.
+        # activations for backward (measured on the H100 at batch 8: 2.27 GB a sample over all
+        # blocks, beside ~3.5 GB of weights, gradients and AdamW state); at 32 the peak measured 79
+        # GB, 97 % of an 80 GB H100, where the analyzer's activation_memory rule (>= 85 %) reads
+        # memory bound, as a model that barely fits is (batch 8 used 27 % there). Checkpointed, a
+        # block keeps only its input (270 MB) and one block is recomputed at a time. On a GPU with
+        # more memory the bad run fits with room to spare and the rule stays silent, rightly.
         "cuda": Preset(batch_size=32, steps=10, warmup_steps=2,
                        sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=16, seq_len=2048)),
         # Narrow and deep (12 blocks of 128 over 4 x 512 tokens) so activations dominate memory:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import analyze
+from common import analyze, metrics
 from tests.kineto_builder import KinetoTrace
 
 T0 = 1_000_000.0  # µs: the first host step
@@ -60,3 +60,20 @@ def test_without_a_gpu_copy_the_cpu_span_times_the_optimizer(tmp_path):
     assert optimizer["on_gpu_timeline"] is False
     assert optimizer["ms_per_step"] == pytest.approx(0.3)
     assert optimizer["pct"] == pytest.approx(100 * 300 / HOST_STEP_US)  # 0.3 of each 1 ms step
+
+
+def test_what_changed_reads_operators_in_the_host_steps(tmp_path):
+    """compare's operator list: each operator's self time where the CPU ran it; kernels where the
+    GPU did."""
+    analysis = analyze.analyze(gpu_bound_trace().write(tmp_path / "t.pt.trace.json"))
+    n_steps = analysis.steps.size
+    by_name = metrics.time_by_name(analysis.columns, analysis.window, n_steps,
+                                   analysis.host_window)
+    assert by_name.operators["aten::softmax"] == pytest.approx((0.020, 1.0))
+    assert by_name.operators["aten::mul_"] == pytest.approx((OPTIMIZER_OPS * 0.005,
+                                                             OPTIMIZER_OPS))
+    # The same operators, looked for in the window that follows the GPU: none are there.
+    assert "aten::softmax" not in metrics.time_by_name(analysis.columns, analysis.window,
+                                                       n_steps).operators
+    # Each step launched its two kernels (the model's, then the optimizer's) inside the window.
+    assert sum(calls for _, calls in by_name.kernels.values()) == pytest.approx(2.0)
