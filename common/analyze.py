@@ -64,7 +64,7 @@ class Analysis:
     result: dict
     steps: Spans  # extended steps, µs
     window: tuple[float, float]  # µs
-    host_window: tuple[float, float]  # µs, the ProfilerStep#N spans' (CPU-side facts)
+    host_window: tuple[float, float]  # µs, the ProfilerStep#N spans' (else the CPU extent)
     breakdown_ms: np.ndarray  # [step, role] in BREAKDOWN_ROLES order
     regions: dict[str, Spans] = field(default_factory=dict)
     kernel_busy: Spans = field(default_factory=Spans.empty)  # merged kernel intervals
@@ -120,15 +120,15 @@ def analyze(path: Path) -> Analysis:
         # window and the plugin-style breakdown of an average step.
         "device_memory_mb": float(total_memory) / trace.BYTES_PER_MB if total_memory else None,
         "window_ms": span / US_PER_MS,
-        # The median batch dimension of the forward conv/linear calls in the window (record_shapes;
+        # The median batch dimension of the forward conv/linear calls in the host steps (shapes;
         # null without shapes): tells a small batch from many small ops (input_batch_of).
         "input_batch": float(np.median(layer_batches)) if layer_batches.size else None,
         "steps_named": bool(columns.steps.size),
         # The optimizer region (null without one) and attention's shapes and operators.
-        "optimizer": optimizer_metrics(columns, host_window, window, n_steps),
+        "optimizer": optimizer_metrics(columns, window, n_steps, host_window=host_window),
         "attention": attention_metrics(columns, host_window, n_steps),
         # torch.distributed: null for a trace of one process.
-        "distributed": distributed_metrics(columns, window, n_steps, host_window),
+        "distributed": distributed_metrics(columns, window, n_steps, host_window=host_window),
     }
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]

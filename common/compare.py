@@ -123,7 +123,8 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
             for variant in VARIANTS}
     changed = what_changed(*(time_by_name(runs[v]["detail"].columns, runs[v]["detail"].window,
                                           runs[v]["detail"].steps.size,
-                                          runs[v]["detail"].host_window) for v in VARIANTS))
+                                          host_window=runs[v]["detail"].host_window)
+                             for v in VARIANTS))
     if not keep_detail:
         for variant in VARIANTS:
             del runs[variant]["detail"]

@@ -71,18 +71,21 @@ RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attent
 # lesson only where memory is. On a CPU every demo reads its peak from them.
 PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention"})
 
-# Dense BF16 tensor-core peak (TFLOPS, no sparsity) of GPUs by a piece of their device name, the
-# more specific first; from NVIDIA's datasheets (H100 SXM5 989.4, H100 NVL 835, H100 PCIe 756,
-# H200 989.4, B200 2250, A100 312, L40S 362, L4 121). A run that records its model FLOPs
-# (run.config["model_tflop_per_step"]) reports the share of this peak it reached: what is called
-# model-FLOPs utilisation (MFU). A GPU not listed gets achieved TFLOPS only.
+# Dense BF16 tensor-core peak (TFLOPS, no sparsity) of GPUs by a model name in their device name,
+# the more specific first; from NVIDIA's datasheets (H100 SXM5 989.4, H100 NVL 835, H100 PCIe 756,
+# H200 989.4, H200 NVL 835, GH200 989.4, B200 2250, GB200 2500 a GPU, A100 312, L40S 362, L40 181,
+# L4 121). A run that records its model FLOPs (run.config["model_tflop_per_step"]) reports the
+# share of this peak it reached: what is called model-FLOPs utilisation (MFU). A GPU not listed
+# gets achieved TFLOPS only. Names match as whole words: "L4" is not "L40", "H200" not "GH200".
 BF16_DENSE_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4),
-                          ("H200", 989.4), ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0),
-                          ("L4", 121.0))
+                          ("H200 NVL", 835.0), ("GH200", 989.4), ("H200", 989.4),
+                          ("GB200", 2500.0), ("B200", 2250.0), ("A100", 312.0),
+                          ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0))
 
 
 def bf16_peak_tflops(device_name: str) -> float | None:
-    return next((peak for key, peak in BF16_DENSE_PEAK_TFLOPS if key in device_name), None)
+    return next((peak for key, peak in BF16_DENSE_PEAK_TFLOPS
+                 if re.search(rf"\b{re.escape(key)}\b", device_name)), None)
 
 
 def flops_achieved(run: Run, step_ms_p50: float) -> dict:

@@ -21,7 +21,8 @@ from common.trace_columns import (
 #   steps        ProfilerStep#N spans (none: the whole trace is one step), each extended to the end
 #                of the GPU work launched inside it (runtime call -> kernel by correlation id), the
 #                TensorBoard plugin's rule. The window runs from the first step's start to the last
-#                step's end.
+#                step's end; the host window over the ProfilerStep#N spans themselves (or the CPU
+#                extent), where the CPU ran its part of them: CPU-side facts are read there.
 #   utilization  union of kernels in the window / window (plugin "GPU Utilization").
 #   idle         1 - union(kernels, memcpy, memset) / (last GPU end - first GPU start), whole
 #                trace (Holistic Trace Analysis temporal breakdown), on float timestamps.
@@ -171,9 +172,10 @@ def step_breakdown_ms(steps: Spans, role_spans: list[Spans]) -> np.ndarray:
 
 @dataclass
 class TimeByName:
-    """Time (ms per step) and calls per step of each name, for what started inside the window:
-    CPU operators by self time (less the operators they hold on their thread, as the profiler's
-    "Self CPU" column: a chain aten::linear > aten::addmm does not count twice) and GPU kernels."""
+    """Time (ms per step) and calls per step of each name, for what started inside the steps:
+    CPU operators (in the host window) by self time (less the operators they hold on their
+    thread, as the profiler's "Self CPU" column: a chain aten::linear > aten::addmm does not
+    count twice) and GPU kernels (in the window)."""
     operators: dict[str, tuple[float, float]]
     kernels: dict[str, tuple[float, float]]
 
@@ -210,7 +212,7 @@ def self_time_us(ops: Spans, thread: np.ndarray) -> np.ndarray:
     return (duration - children).clip(min=0)
 
 
-def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: int,
+def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
                  host_window: tuple[float, float] | None = None) -> TimeByName:
     """Operators' self time in the host window (default: the window), kernels' time in the
     window, per name and step."""
@@ -250,14 +252,15 @@ def ops_named(columns: TraceColumns, keep, mask: np.ndarray) -> np.ndarray:
     return np.fromiter((verdict[name] for name in names), bool, names.size)
 
 
-def optimizer_metrics(columns: TraceColumns, host_window: tuple[float, float],
-                      window: tuple[float, float], n_steps: int) -> dict | None:
-    """The optimizer region in the host window (our "optimizer" spans and torch.optim's own
-    Optimizer.step#... ones) and the operators that start inside it; None without. Its time per
-    step and share of the window: on a GPU, of the region's GPU-timeline copies in the window
-    (columns.gpu_optimizer), where the trace has them; else of the CPU spans."""
-    low, high = host_window
-    region = clip(merge(columns.regions[OPTIMIZER_REGION]), low, high)
+def optimizer_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
+                      host_window: tuple[float, float]) -> dict | None:
+    """The optimizer region (our "optimizer" spans and torch.optim's own Optimizer.step#...
+    ones) in the host window, and the operators that start inside it; None without. Its time per
+    step is the longer of two: the CPU's time in it outside runtime calls (where a GPU-bound step
+    waits for a full launch queue, or a sync) and, on a GPU, the region's copies on the GPU
+    timeline (columns.gpu_optimizer, in the window): the CPU's side when launching is what costs,
+    the GPU's when the update's kernels are. Its share: of the window, as every share here."""
+    region = clip(merge(columns.regions[OPTIMIZER_REGION]), *host_window)
     if not region.size:
         return None
     ops = columns.cpu_ops
@@ -267,19 +270,23 @@ def optimizer_metrics(columns: TraceColumns, host_window: tuple[float, float],
     # Not the region's own spans, where a trace writes them as operators (the 2021 vocabulary).
     inside[inside] = ~ops_named(columns, lambda n: name_role(n) == ROLE_REGION, inside)
     multi_tensor = ops_named(columns, lambda n: any(m in n for m in MULTI_TENSOR_MARKERS), inside)
-    on_gpu = clip(merge(columns.gpu_optimizer), *window)
-    timed, (low, high) = (on_gpu, window) if on_gpu.size else (region, host_window)
-    return {"ms_per_step": total(timed) / US_PER_MS / n_steps,
-            "pct": 100.0 * total(timed) / (high - low) if high > low else 0.0,
-            "on_gpu_timeline": bool(on_gpu.size),
+    in_runtime = covered_length(merge(columns.runtime), region.start, region.end).sum()
+    cpu_us = total(region) - float(in_runtime)
+    gpu_us = union_in(columns.gpu_optimizer, *window)
+    low, high = window
+    return {"ms_per_step": max(cpu_us, gpu_us) / US_PER_MS / n_steps,
+            "pct": 100.0 * max(cpu_us, gpu_us) / (high - low) if high > low else 0.0,
+            "cpu_ms_per_step": cpu_us / US_PER_MS / n_steps,
+            "gpu_ms_per_step": gpu_us / US_PER_MS / n_steps if columns.gpu_optimizer.size else None,
             "ops_per_step": float(inside.sum()) / n_steps,
             "multi_tensor_ops_per_step": float(multi_tensor.sum()) / n_steps}
 
 
-def attention_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int) -> dict:
-    """The largest square softmax in the window (s of a [..., s, s] input; null without shapes
-    or square softmaxes) and the scaled-dot-product-attention operators per step."""
-    low, high = window
+def attention_metrics(columns: TraceColumns, host_window: tuple[float, float],
+                      n_steps: int) -> dict:
+    """The largest square softmax in the host window (s of a [..., s, s] input; null without
+    shapes or square softmaxes) and the scaled-dot-product-attention operators per step."""
+    low, high = host_window
     ops = columns.cpu_ops
     in_window = (ops.start >= low) & (ops.start < high)
     sdpa = ops_named(columns, lambda n: SDPA_MARKER in n, in_window)
@@ -290,28 +297,29 @@ def attention_metrics(columns: TraceColumns, window: tuple[float, float], n_step
 
 # --- torch.distributed. -----------------------------------------------------------------------
 
-def distributed_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,
-                        host_window: tuple[float, float] | None = None) -> dict | None:
+def distributed_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
+                        host_window: tuple[float, float]) -> dict | None:
     """For a rank's trace (distributedInfo, or collectives in it): its backend, rank and world
     size; collectives per step (the "<backend>:<collective>" spans starting in the host window,
     or the c10d::* operators where a trace has no such spans); their time per step and share of
     the window: the union of NCCL kernels where the GPU ran them (in the window, which follows
-    the GPU), else of the collective spans (in the host window, default: the window).
+    the GPU), else of the collective spans (in the host window, where the CPU ran them).
     None for a trace of one process."""
     info = columns.distributed_info or {}
     calls = columns.collective_spans if columns.collective_spans.size else columns.collective_ops
     if not calls.size and (info.get("world_size") or 1) <= 1:  # {"rank": 0} alone: one process
         return None
-    host_low, host_high = host_window or window
+    host_low, host_high = host_window
     kernels = columns.kernels
     nccl = np.array([name.startswith(NCCL_KERNEL_PREFIXES)
                      for name in columns.kernel_name_table], dtype=bool)
     nccl_kernels = nccl[columns.kernel_name_id] if nccl.size else np.zeros(0, bool)
     if nccl_kernels.any():
-        busy, (low, high) = Spans(kernels.start[nccl_kernels], kernels.end[nccl_kernels]), window
+        collective_us = union_in(Spans(kernels.start[nccl_kernels], kernels.end[nccl_kernels]),
+                                 *window)
     else:
-        busy, (low, high) = calls, (host_low, host_high)
-    collective_us = union_in(busy, low, high)
+        collective_us = union_in(calls, host_low, host_high)
+    low, high = window
     in_window = (calls.start >= host_low) & (calls.start < host_high)
     # Gradient accumulation: DDP forwards (micro-batches) in the host window, and how many of them
     # are followed by collectives before the next one (or the window's end): with no_sync, one a

@@ -119,34 +119,41 @@ def coalesce(spans: intervals.Spans, min_gap: float) -> intervals.Spans:
 
 
 def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
-    """One row per variant's CPU regions and, when the trace has GPU work, a GPU-busy row (union
-    of kernels). Same time scale for every variant, from its first profiled step's start."""
-    longest_ms = max((a.window[1] - a.window[0]) / metrics.US_PER_MS for a in analyses.values())
+    """One row per variant's CPU regions (in its host steps) and, when the trace has GPU work, a
+    GPU-busy row (union of kernels, in the steps that follow the GPU). Same time scale for every
+    variant, from the earlier of its first host step's and first extended step's start: a CPU
+    that runs ahead of the GPU shows its regions before the kernels they launched."""
+    def extent(a: analyze.Analysis) -> tuple[float, float]:
+        return min(a.host_window[0], a.window[0]), max(a.host_window[1], a.window[1])
+
+    longest_ms = max((high - low) / metrics.US_PER_MS
+                     for low, high in map(extent, analyses.values()))
     min_gap = longest_ms * metrics.US_PER_MS * TIMELINE_MIN_GAP_SHARE
     fig, axes = plt.subplots(len(analyses), 1, figsize=(11, 1.0 + 1.7 * len(analyses)),
                              squeeze=False)
     for ax, (variant, analysis) in zip(axes[:, 0], analyses.items()):
-        origin = analysis.window[0]
-        rows = [(name, analysis.regions[name]) for name in TIMELINE_ROWS
+        origin = extent(analysis)[0]
+        rows = [(name, analysis.regions[name], analysis.host_window) for name in TIMELINE_ROWS
                 if name in analysis.regions and analysis.regions[name].size]
         has_gpu = analysis.result["gpu"] is not None
         if has_gpu:
-            rows.append(("GPU kernels", analysis.kernel_busy))
-        for y, (name, spans) in enumerate(rows):
-            shown = coalesce(intervals.clip(intervals.merge(spans), *analysis.window), min_gap)
+            rows.append(("GPU kernels", analysis.kernel_busy, analysis.window))
+        for y, (name, spans, window) in enumerate(rows):
+            shown = coalesce(intervals.clip(intervals.merge(spans), *window), min_gap)
             ax.broken_barh(list(zip((shown.start - origin) / metrics.US_PER_MS,
                                     (shown.end - shown.start) / metrics.US_PER_MS)),
                            (y - 0.4, 0.8), color=REGION_COLORS.get(name, "#2e7d32"))
         for edge in np.r_[analysis.steps.start, analysis.steps.end[-1:]]:
             ax.axvline((edge - origin) / metrics.US_PER_MS, color="#616161", lw=0.8, ls="--")
-        ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
+        ax.set_yticks(range(len(rows)), [name for name, _, _ in rows], fontsize=8)
         ax.set_ylim(max(len(rows), 1) - 0.4, -0.6)  # first row on top
         ax.set_xlim(0, longest_ms)
         gpu = analysis.result["gpu"]
         ax.set_title(f"{variant}: GPU utilization {gpu['utilization_pct']:.0f} %" if has_gpu
                      else f"{variant}: CPU-only trace, no GPU timeline - the CPU's step regions",
                      fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("ms since the first profiled step (dashed: step boundaries)")
+    axes[-1, 0].set_xlabel("ms since the first profiled step (dashed: step boundaries, as the "
+                           "GPU ran them)")
     fig.suptitle(title, fontsize=10)
     return save(fig, out_png)
 
@@ -160,12 +167,13 @@ def plot_memory(analyses: dict[str, analyze.Analysis], out_png: Path, title: str
     for variant, analysis in analyses.items():
         if not analysis.memory_mb.size:
             continue
-        ms = (analysis.memory_ts - analysis.window[0]) / metrics.US_PER_MS
+        # Allocations are recorded when the CPU asks for them: time them from the host steps.
+        ms = (analysis.memory_ts - analysis.host_window[0]) / metrics.US_PER_MS
         device = "GPU" if analysis.result["gpu"] else "CPU"
         ax.step(ms, analysis.memory_mb, where="post", lw=1.2,
                 color=VARIANT_COLORS.get(variant),
                 label=f"{variant} ({device}, peak {format_mb(analysis.memory_mb.max())})")
-    ax.set_xlabel("ms since the first profiled step")
+    ax.set_xlabel("ms since the first profiled step began on the CPU")
     ax.set_ylabel("allocated MB")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
