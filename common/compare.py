@@ -42,6 +42,15 @@ SAME_CONDITIONS = (
 )
 
 
+def finished_pairs(root: Path) -> list[str]:
+    """The demos under `root` (a run_demos.sh output folder) whose bad/ and fixed/ both hold a
+    summary, sorted; [] when root is no folder."""
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir()
+                  if d.is_dir() and all((d / v / trace.SUMMARY_FILE).is_file() for v in VARIANTS))
+
+
 def read_summary(demo_dir: Path, variant: str) -> dict:
     """DEMO_DIR/<variant>/summary.json, checked to be a demo summary."""
     run_dir = Path(demo_dir) / variant

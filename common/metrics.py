@@ -213,10 +213,10 @@ def self_time_us(ops: Spans, thread: np.ndarray) -> np.ndarray:
 
 
 def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
-                 host_window: tuple[float, float] | None = None) -> TimeByName:
-    """Operators' self time in the host window (default: the window), kernels' time in the
-    window, per name and step."""
-    low, high = host_window or window
+                 host_window: tuple[float, float]) -> TimeByName:
+    """Operators' self time in the host window, kernels' time in the window, per name and
+    step."""
+    low, high = host_window
     ops = columns.cpu_ops
     self_us = self_time_us(ops, columns.cpu_op_thread)
     in_window = (ops.start >= low) & (ops.start < high)

@@ -273,11 +273,7 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
 
 def leftover_pairs(out_root: Path, reported: list[str]) -> list[str]:
     """Pair folders under out_root that this report does not cover (earlier runs)."""
-    if not out_root.is_dir():
-        return []
-    return sorted(d.name for d in out_root.iterdir()
-                  if d.is_dir() and d.name not in reported
-                  and all((d / v / trace.SUMMARY_FILE).is_file() for v in compare.VARIANTS))
+    return [demo for demo in compare.finished_pairs(out_root) if demo not in reported]
 
 
 def demo_readme(demo: str, out_root: Path) -> str | None:

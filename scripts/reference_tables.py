@@ -42,8 +42,7 @@ def find_pairs(folder: Path) -> list[str]:
     """The demos under `folder` whose bad/ and fixed/ both hold a summary.json."""
     if not folder.is_dir():
         raise ReferenceError(f"{folder}: no such directory")
-    pairs = sorted(d.name for d in folder.iterdir() if d.is_dir() and all(
-        (d / v / trace.SUMMARY_FILE).is_file() for v in VARIANTS))
+    pairs = compare.finished_pairs(folder)
     if not pairs:
         raise ReferenceError(f"{folder}: no runs (no <demo>/bad and <demo>/fixed with "
                              f"{trace.SUMMARY_FILE})")

@@ -100,7 +100,8 @@ def test_what_changed_reads_operators_in_the_host_steps(tmp_path):
     assert by_name.operators["aten::mul_"] == pytest.approx((OPTIMIZER_OPS * 0.005,
                                                              OPTIMIZER_OPS))
     # The same operators, looked for in the window that follows the GPU: none are there.
-    assert "aten::softmax" not in metrics.time_by_name(analysis.columns, analysis.window,
-                                                       n_steps).operators
+    in_window = metrics.time_by_name(analysis.columns, analysis.window, n_steps,
+                                     host_window=analysis.window)
+    assert "aten::softmax" not in in_window.operators
     # Each step launched its two kernels (the model's, then the optimizer's) inside the window.
     assert sum(calls for _, calls in by_name.kernels.values()) == pytest.approx(2.0)

@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -22,15 +21,9 @@ REFERENCE = ROOT / "traces" / "reference"
 REFERENCE_MAX_MB = 40  # MB (10^6 bytes) in traces/reference/<gpu>/; the reference-run issue's cap
 
 
-def pairs_in(folder: Path) -> list[str]:
-    """The demos under `folder` whose bad/ and fixed/ both hold a summary.json."""
-    return sorted(d.name for d in folder.iterdir() if d.is_dir() and all(
-        (d / v / trace.SUMMARY_FILE).is_file() for v in compare.VARIANTS))
-
-
-GPUS = (sorted(d.name for d in REFERENCE.iterdir() if d.is_dir() and pairs_in(d))
+GPUS = (sorted(d.name for d in REFERENCE.iterdir() if compare.finished_pairs(d))
         if REFERENCE.is_dir() else [])
-PAIRS = [(gpu, demo) for gpu in GPUS for demo in pairs_in(REFERENCE / gpu)]
+PAIRS = [(gpu, demo) for gpu in GPUS for demo in compare.finished_pairs(REFERENCE / gpu)]
 if not PAIRS:
     pytest.skip(f"no reference runs under {REFERENCE} (<gpu>/<demo>/bad and fixed with "
                 f"{trace.SUMMARY_FILE}): nothing to check", allow_module_level=True)
