@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,12 @@ import torch.distributed as dist
 
 CPU_RANKS = 2  # processes on a CPU: the issue's 2-core box runs one per core
 MIN_GPU_RANKS = 2  # on a GPU machine one per GPU, and at least two (they then share a GPU)
+# A job that runs longer is stopped, every rank with it: a rank stuck outside a collective (a
+# deadlock, a hung data worker) waits forever, and gloo's and NCCL's own collective timeouts (30 and
+# 10 minutes by default) cover only the collectives. The full-size ddp_no_sync run takes about
+# 100 s on the H100 and a few minutes on a 2-core CPU: an hour only stops a hung job.
+RELAUNCH_TIMEOUT_S = 3600
+STOP_GRACE_S = 10  # after SIGTERM, what torchrun and its ranks get to exit before SIGKILL
 # What torchrun prints for each failed rank ("exitcode  : 2"), from its error summary.
 EXITCODE_LINE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
@@ -44,22 +51,50 @@ def last_error_line(text: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
-def relaunch(script: str, argv: list[str], ranks: int) -> int:
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to torchrun's process group (torchrun and every rank), SIGKILL if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def relaunch(script: str, argv: list[str], ranks: int,
+             timeout_s: float = RELAUNCH_TIMEOUT_S) -> int:
     """Run `script argv` under torchrun with `ranks` processes and wait; the exit code: 0, or
     that of a failed rank (2 for the harness's one-line errors, else 1) after one line per
-    failed rank. torchrun stops every other rank when one fails: none is left running."""
+    failed rank. torchrun stops every other rank when one fails; a job still running after
+    timeout_s is stopped whole (one line, exit 1). Either way none is left running."""
     with tempfile.TemporaryDirectory(prefix="torchrun_") as log_dir:
-        result = subprocess.run(torchrun_command(script, argv, ranks, log_dir),
-                                stderr=subprocess.PIPE, text=True)
-        if result.returncode == 0:
+        # Its own process group, so that a stop reaches the ranks and not only torchrun.
+        process = subprocess.Popen(torchrun_command(script, argv, ranks, log_dir),
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(process)
+            print(f"error: the {ranks} ranks were still running after {timeout_s:g} s: stopped "
+                  f"them all (a rank is stuck; its progress lines above show where)",
+                  file=sys.stderr)
+            return 1
+        except BaseException:  # Ctrl-C reaches only this process: the ranks are in their group
+            stop_group(process)
+            raise
+        if process.returncode == 0:
             return 0
         failed = []
         for log in sorted(Path(log_dir).rglob("stderr.log")):
             text = log.read_text(errors="replace")
             if text.strip():
                 failed.append(f"rank {log.parent.name}: {last_error_line(text)}")
-    codes = [int(code) for code in EXITCODE_LINE.findall(result.stderr)]
-    for line in failed or [f"torchrun: {last_error_line(result.stderr)}"]:
+    codes = [int(code) for code in EXITCODE_LINE.findall(stderr)]
+    for line in failed or [f"torchrun: {last_error_line(stderr)}"]:
         print(f"error: {line}", file=sys.stderr)
     return 2 if 2 in codes else 1
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from common import analyze, metrics, trace
-from common.verdicts import HOST_SYNC_IDLE_MIN_PCT
+from common.verdicts import DATALOADER_SHARE_MIN_PCT, HOST_SYNC_IDLE_MIN_PCT
 from tests.conftest import ROOT, read_summary
 from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FLASH_FP16_BWD,
                                   FP32_GEMM, H100_MEMORY_BYTES, H100_NAME, MIB, NVJET_FP16_GEMM,
@@ -468,26 +468,35 @@ def test_smoke_traces_of_the_workers_pair(workers_smoke_out):
 def test_dataloader_verdict_on_the_workers_pair_at_cpu_preset_sizes(workers_cpu_out):
     """The workers pair at the CPU preset's sizes, read by the analyzer. Where the live shares
     fall relative to the 20 % rule depends on this CPU's decode and training speeds (~35 % bad on
-    the 2-core Xeon here), so the rule's threshold is pinned on hand-built traces instead
-    (test_verdict_thresholds_are_the_boundaries: 19.9 % silent, 20.1 % fires). What a
-    live run decides on any machine: the fixed run's main process waits less for data than the bad
-    one, which fetches every batch itself (a worker that prepares batches in parallel can only
-    shorten that wait), the analyzer reads both as CPU traces, and it names no other cause."""
-    shares = {}
+    the 2-core Xeon here), so the rule's threshold is pinned on hand-built traces
+    (test_verdict_thresholds_are_the_boundaries, tests/test_verdict_edges.py), and which variant
+    waits longer is a timing of one step, left to the benchmark (run_demos.sh). What a live run
+    decides on any machine: the verdict fires exactly when the share it measured reaches the
+    rule's line, the analyzer names no other cause, and the bad run's main process does the data
+    work itself (operators inside every __next__, at least one per image) where the fixed one's
+    only receives batches that workers made (fewer operators per batch than images in it)."""
+    ops_per_batch = {}
     for variant in ("bad", "fixed"):
         result = analyze.analyze_trace(workers_cpu_out / "dataloader_workers" / variant)
         assert result["device"] == "cpu" and result["gpu"] is None
         found = {f["id"]: f for f in result["findings"]}
         assert set(found) <= {"dataloader"}, variant
-        if "dataloader" in found:  # its evidence quotes the share it measured, and the demo
+        fires = result["dataloader_pct"] >= DATALOADER_SHARE_MIN_PCT
+        assert ("dataloader" in found) == fires, (variant, result["dataloader_pct"])
+        if fires:  # its evidence quotes the share it measured, and the demo
             assert f"{result['dataloader_pct']:.0f} %" in found["dataloader"]["evidence"]
             assert found["dataloader"]["demo"] == "dataloader_workers"
-        shares[variant] = result["dataloader_pct"]
-    assert 0 <= shares["fixed"] < shares["bad"]
-    # The same physics over the whole timed phase, from the harness's own clock.
-    waits = {v: read_summary(workers_cpu_out, "dataloader_workers", v)["data_wait_pct"]
-             for v in ("bad", "fixed")}
-    assert 0 <= waits["fixed"] < waits["bad"]
+        nexts = cpu_spans(result["trace"], lambda name: name.startswith("enumerate(DataLoader)#"))
+        inside = [e for e in trace.load_trace(result["trace"])["traceEvents"]
+                  if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                  and not e["name"].startswith("enumerate(DataLoader)#")
+                  and any(low <= e["ts"] < high for low, high in nexts)]
+        ops_per_batch[variant] = len(inside) / len(nexts)
+    batch_size = read_summary(workers_cpu_out, "dataloader_workers", "bad")["batch_size"]
+    assert ops_per_batch["bad"] >= batch_size > ops_per_batch["fixed"], ops_per_batch
+    for variant in ("bad", "fixed"):
+        wait = read_summary(workers_cpu_out, "dataloader_workers", variant)["data_wait_pct"]
+        assert 0 <= wait <= 100
 
 
 def test_a_copy_under_the_kernels_is_not_copy_bound(tmp_path):

@@ -24,9 +24,10 @@ def test_transformer_flops_match_pytorchs_flop_counter():
     tokens = torch.randint(0, SIZES["vocab"], (BATCH, SIZES["seq_len"]))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         models.token_cross_entropy(model(tokens), tokens).backward()
-    ours = models.transformer_train_flop(SIZES, BATCH)
-    assert run.config["model_tflop_per_step"] == ours / 1e12
-    assert counter.get_total_flops() == ours
+    assert models.transformer_train_flop(SIZES, BATCH) == counter.get_total_flops()
+    # What the run records (and the summary's achieved TFLOPS divides) is that same count.
+    assert run.config["model_tflop_per_step"] == pytest.approx(counter.get_total_flops() / 1e12,
+                                                               rel=1e-12)
 
 
 @pytest.mark.parametrize("device_name, peak", [

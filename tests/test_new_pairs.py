@@ -6,12 +6,14 @@ the CPU run quoted in the READMEs: at smoke sizes they are noise."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from common import analyze, compare, data, harness, presets, trace
+from common.verdicts import UNFUSED_OPTIMIZER_MAX_US_PER_OP, UNFUSED_OPTIMIZER_MIN_PCT
 from tests.conftest import assert_timing_is_consistent, read_summary
 
 PAIRS = ("naive_attention", "unfused_optimizer", "padding_waste")
@@ -74,7 +76,16 @@ def test_unfused_optimizer_loops_over_tensors_and_fused_does_not(out):
     assert any(m in name for name in fixed_ops for m in multi)
     bad_result = analyze.analyze_trace(out / "unfused_optimizer" / "bad")
     fixed_result = analyze.analyze_trace(out / "unfused_optimizer" / "fixed")
-    assert "unfused_optimizer" in [f["id"] for f in bad_result["findings"]]
+    # Whether bad's optimizer reaches the rule's share of a smoke step is this CPU's timing (the
+    # committed GPU reference pins that it does: tests/test_reference.py); that the verdict
+    # follows its own numbers is not, and fixed's multi-tensor ops silence it whatever the timing.
+    optimizer = bad_result["optimizer"]
+    us_per_op = optimizer["ms_per_step"] * 1000 / optimizer["ops_per_step"]
+    meets_rule = (optimizer["pct"] >= UNFUSED_OPTIMIZER_MIN_PCT
+                  and us_per_op <= UNFUSED_OPTIMIZER_MAX_US_PER_OP)
+    assert ("unfused_optimizer" in [f["id"] for f in bad_result["findings"]]) == meets_rule, (
+        optimizer)
+    assert fixed_result["optimizer"]["multi_tensor_ops_per_step"] > 0
     assert "unfused_optimizer" not in [f["id"] for f in fixed_result["findings"]]
     # Thousands of per-tensor ops against a few multi-tensor ones: a count, not a timing.
     assert bad_result["optimizer"]["ops_per_step"] > 2 * fixed_result["optimizer"]["ops_per_step"]
@@ -176,19 +187,52 @@ def test_a_bad_flag_is_one_line_before_any_rank_starts():
     assert "error:" in last and "--steps" in last and "must be a whole number >= 1" in last
 
 
+# A job of two sleeping ranks takes a few seconds to start under torchrun; the relaunch's own
+# timeout in these tests is far longer, and far shorter than the ranks' sleep.
+TEST_RELAUNCH_TIMEOUT_S = 60
+RANK_SLEEP_S = 600
+
+
+def processes_running(marker: str) -> list[int]:
+    """Pids of live processes whose command line holds marker (zombies have none)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_text(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:  # it ended while we looked
+            pass
+    return found
+
+
 def test_a_failing_rank_stops_the_job_with_its_message(tmp_path, capsys):
     """Rank 1 fails at once; rank 0 would sleep for 10 minutes: torchrun stops it, and the
-    launcher prints rank 1's last line and returns its exit code. (The test's own timeout, not a
-    clock, is what fails if rank 0 were left running.)"""
+    launcher prints rank 1's last line and returns its exit code. Were rank 0 left running, the
+    relaunch would stop the job at its timeout instead, with exit 1 and another line."""
     from common import distributed
     script = tmp_path / "job.py"
     script.write_text("import os, sys, time\n"
                       "if os.environ['RANK'] == '1':\n"
                       "    print('error: rank one cannot go on', file=sys.stderr); sys.exit(2)\n"
-                      "time.sleep(600)\n")
-    assert distributed.relaunch(str(script), [], 2) == 2
+                      f"time.sleep({RANK_SLEEP_S})\n")
+    assert distributed.relaunch(str(script), [], 2, timeout_s=TEST_RELAUNCH_TIMEOUT_S) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: rank 1: error: rank one cannot go on"]
+    assert processes_running(str(script)) == []
+
+
+def test_a_stuck_job_is_stopped_whole_at_its_timeout(tmp_path, capsys):
+    """Both ranks hang: the relaunch stops torchrun and every rank at its timeout, says so in one
+    line and returns 1; no rank is left running."""
+    from common import distributed
+    script = tmp_path / "stuck.py"
+    script.write_text(f"import time\ntime.sleep({RANK_SLEEP_S})\n")
+    timeout_s = 15
+    assert distributed.relaunch(str(script), [], 2, timeout_s=timeout_s) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: the 2 ranks were still running after {timeout_s} s: stopped them all "
+                   f"(a rank is stuck; its progress lines above show where)"]
+    assert processes_running(str(script)) == []
 
 
 def test_a_torch_without_distributed_is_one_line(monkeypatch, capsys):

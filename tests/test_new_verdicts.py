@@ -2,6 +2,8 @@
 either side, and what silences each (a multi-tensor op, an SDPA op, a non-square softmax)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from common import analyze
@@ -178,3 +180,27 @@ def test_a_folder_of_ranks_gets_the_cross_rank_view(tmp_path, capsys):
     # One trace, or traces that are not distinct ranks: the newest trace, as before.
     (tmp_path / "ddp_rank1.1.pt.trace.json").unlink()
     assert analyze.analyze_ranks(tmp_path) is None
+
+
+def test_a_folder_of_unequal_ranks_in_json(tmp_path, capsys):
+    """Three ranks whose steps differ: the slowest is the one with the longest mean step, not the
+    first or the last in the folder, and --json prints the whole view as one object."""
+    step_us = {0: STEP_US, 1: 1.3 * STEP_US, 2: 0.8 * STEP_US}  # rank 1 is the slowest
+    wait_us = {0: 900.0, 1: 300.0, 2: 1500.0}  # ...and the others wait for it: it waits least
+    for rank in (2, 0, 1):  # written out of order: the view sorts by rank
+        built = ddp_trace(rank, 2, 1, wait_us[rank], step_us=step_us[rank])
+        path = write_rank(tmp_path, built, rank)
+        data = json.loads(path.read_text())
+        data["distributedInfo"]["world_size"] = 3
+        path.write_text(json.dumps(data))
+    assert analyze.main([str(tmp_path), "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)  # one JSON object: rank keys become strings
+    cross = view["cross_rank"]
+    assert [r["distributed"]["rank"] for r in view["ranks"]] == [0, 1, 2]
+    assert cross["step_ms_by_rank"] == {str(r): pytest.approx(us / 1000)
+                                        for r, us in step_us.items()}
+    assert cross["slowest_rank"] == 1 and cross["least_waiting_rank"] == 1
+    assert cross["collective_ms_per_step_by_rank"] == {str(r): pytest.approx(us / 1000)
+                                                       for r, us in wait_us.items()}
+    assert cross["wait_spread_ms_per_step"] == pytest.approx(1.2)
+    assert cross["world_size"] == 3 and cross["ranks_read"] == 3

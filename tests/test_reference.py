@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -45,18 +46,46 @@ def verdict_demos() -> set[str]:
     return demos
 
 
-@pytest.mark.parametrize(("gpu", "demo"), PAIRS)
+# Pairs no rule names as its lesson: padding_waste (a trace does not say which tokens were
+# padding, so no verdict can); its own claims are checked from its summaries below instead.
+PAIRS_WITHOUT_VERDICT = {"padding_waste"}
+
+
+def test_only_the_known_pairs_lack_a_verdict():
+    assert {demo for _, demo in PAIRS} - verdict_demos() <= PAIRS_WITHOUT_VERDICT
+
+
+@pytest.mark.parametrize(("gpu", "demo"),
+                         [(gpu, demo) for gpu, demo in PAIRS if demo not in PAIRS_WITHOUT_VERDICT])
 def test_own_verdict_on_bad_only(gpu, demo):
-    # A pair no rule names has no verdict to look for: padding_waste has none (no finding(...) in
-    # common/verdicts.py RULES gives demo "padding_waste"), so it is skipped here, explicitly.
-    if demo not in verdict_demos():
-        pytest.skip(f"{demo}: no rule in common/verdicts.py RULES names it as its demo")
     c = comparison(gpu, demo)
     own = {v: [f["id"] for f in c[v]["analysis"]["findings"] if f["demo"] == demo]
            for v in compare.VARIANTS}
     every = {v: [f["id"] for f in c[v]["analysis"]["findings"]] for v in compare.VARIANTS}
     assert own["bad"], f"bad/ has no finding with demo {demo!r}; its findings: {every['bad']}"
     assert not own["fixed"], f"fixed/ still has {own['fixed']} (demo {demo!r})"
+
+
+@pytest.mark.parametrize("gpu", [gpu for gpu, demo in PAIRS if demo == "padding_waste"])
+def test_padding_waste_claims(gpu):
+    """What its walkthrough says of a reference run: padding from >= 50 % to <= 10 % of the
+    tokens computed, >= 2x real tokens/s, tokens computed per real token (1 / (1 - padding)),
+    and that padding shows as longer kernels on a busy GPU, not as idle time."""
+    c = comparison(gpu, "padding_waste")
+    summary = {v: c[v]["summary"] for v in compare.VARIANTS}
+    gpu_metrics = {v: c[v]["analysis"]["gpu"] for v in compare.VARIANTS}
+    assert summary["bad"]["padding_pct"] >= 50 and summary["fixed"]["padding_pct"] <= 10
+    assert c["speedup_of"] == "real tokens/s" and c["speedup"] >= 2
+    # Words joined by single spaces: a rewrapped paragraph says the same.
+    walkthrough = " ".join((ROOT / "demos" / "padding_waste" / "README.md").read_text().split())
+    per_real = [100 / (100 - summary[v]["padding_pct"]) for v in compare.VARIANTS]
+    utilization = [gpu_metrics[v]["utilization_pct"] for v in compare.VARIANTS]
+    median = [gpu_metrics[v]["median_kernel_us"] for v in compare.VARIANTS]
+    for said in (f"computed {per_real[0]:.2f} tokens and `fixed` {per_real[1]:.2f}",
+                 f"utilization {utilization[0]:.1f} % and {utilization[1]:.1f} %",
+                 f"median {median[0]:.1f} → {median[1]:.1f} µs"):
+        assert said in walkthrough, said
+    assert min(utilization) >= 95 and median[1] < median[0]
 
 
 def report_ratio(report: str, demo: str, label: str) -> str:
@@ -107,3 +136,186 @@ def test_one_gpu_one_torch(gpu):
 def test_reference_within_budget(gpu):
     size_mb = sum(p.stat().st_size for p in (REFERENCE / gpu).rglob("*") if p.is_file()) / 1e6
     assert size_mb <= REFERENCE_MAX_MB, f"{REFERENCE / gpu}: {size_mb:.1f} MB"
+
+
+# --- scripts/reference_tables.py on a copy of the repository: its write path and exit codes. ----
+# The copy holds the script, common/ (linked), the READMEs and two pairs of the reference, in a
+# folder named as the GPU's (the block's tag). Two pairs: the top README's table then differs from
+# the committed one (ten rows), each demo's does not.
+TABLE_PAIRS = ("item_sync", "small_batch")
+BLOCK_END = "<!-- reference-table:{gpu} end -->"
+
+
+def run_tables(root, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(root / "scripts" / "reference_tables.py"), *args],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+
+
+@pytest.fixture
+def tables_copy(tmp_path):
+    gpu = GPUS[0]
+    if not set(TABLE_PAIRS) <= set(compare.finished_pairs(REFERENCE / gpu)):
+        pytest.skip(f"{REFERENCE / gpu} lacks one of {TABLE_PAIRS}")
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "reference_tables.py", root / "scripts")
+    (root / "common").symlink_to(ROOT / "common")
+    shutil.copy(ROOT / "README.md", root)
+    for readme in (ROOT / "demos").glob("*/README.md"):
+        (root / "demos" / readme.parent.name).mkdir(parents=True)
+        shutil.copy(readme, root / "demos" / readme.parent.name)
+    for demo in TABLE_PAIRS:
+        shutil.copytree(REFERENCE / gpu / demo, root / "traces" / "reference" / gpu / demo)
+    return root, root / "traces" / "reference" / gpu, gpu
+
+
+def block_of(text: str, gpu: str) -> str:
+    begin = text.index(f"<!-- reference-table:{gpu} begin")
+    return text[begin:text.index(BLOCK_END.format(gpu=gpu), begin)]
+
+
+def test_tables_write_only_what_changed_and_then_check_clean(tables_copy):
+    root, folder, gpu = tables_copy
+    demo_readme = root / "demos" / TABLE_PAIRS[0] / "README.md"
+    committed = demo_readme.read_text()
+    checked = run_tables(root, str(folder), "--check")
+    assert checked.returncode == 1 and checked.stdout == "would change: README.md\n"
+    assert (root / "README.md").read_text() == (ROOT / "README.md").read_text()  # wrote nothing
+    written = run_tables(root, str(folder))
+    assert written.returncode == 0 and written.stdout == "wrote: README.md\n"
+    table = block_of((root / "README.md").read_text(), gpu)
+    assert [demo for demo in TABLE_PAIRS if f"[`{demo}`](demos/{demo}/)" in table] == list(
+        TABLE_PAIRS) and table.count("](demos/") == len(TABLE_PAIRS)
+    assert demo_readme.read_text() == committed
+    again = run_tables(root, str(folder))
+    assert again.returncode == 0 and again.stdout == ""  # a second run changes nothing
+    assert run_tables(root, str(folder), "--check").returncode == 0
+
+
+def test_check_names_a_stale_readme_and_a_write_restores_it(tables_copy):
+    root, folder, gpu = tables_copy
+    run_tables(root, str(folder))  # the top README's table now has the copy's pairs
+    demo_readme = root / "demos" / TABLE_PAIRS[1] / "README.md"
+    committed = demo_readme.read_text()
+    block = block_of(committed, gpu)
+    stale_block = re.sub(r"\| samples/s \| [^|]+ \|", "| samples/s | 1.0 |", block, count=1)
+    assert stale_block != block
+    demo_readme.write_text(committed.replace(block, stale_block))
+    checked = run_tables(root, str(folder), "--check")
+    assert checked.returncode == 1
+    assert checked.stdout == f"would change: demos/{TABLE_PAIRS[1]}/README.md\n"
+    assert block_of(demo_readme.read_text(), gpu) == stale_block  # --check wrote nothing
+    written = run_tables(root, str(folder))
+    assert written.returncode == 0
+    assert written.stdout == f"wrote: demos/{TABLE_PAIRS[1]}/README.md\n"
+    assert demo_readme.read_text() == committed
+
+
+def test_a_readme_without_the_block_gets_it(tables_copy):
+    root, folder, gpu = tables_copy
+    demo_readme = root / "demos" / TABLE_PAIRS[0] / "README.md"
+    committed = demo_readme.read_text()
+    heading = committed.index("\n## Reference run (GPU)\n")
+    end = committed.index(BLOCK_END.format(gpu=gpu)) + len(BLOCK_END.format(gpu=gpu))
+    without = committed[:heading + 1] + committed[end:].lstrip("\n")
+    demo_readme.write_text(without)
+    assert run_tables(root, str(folder)).returncode == 0
+    text = demo_readme.read_text()
+    assert text.startswith(without.rstrip())  # the rest kept as it was, the block appended
+    assert text.endswith(f"## Reference run (GPU)\n\n{block_of(committed, gpu)}"
+                         f"{BLOCK_END.format(gpu=gpu)}\n")
+
+
+@pytest.mark.parametrize("problem", ["no such folder", "a folder with no runs",
+                                     "a pair with no demo folder"])
+def test_tables_refuse_in_one_line_with_exit_2(tables_copy, problem):
+    root, folder, _ = tables_copy
+    if problem == "no such folder":
+        target, expected = root / "nope", "no such directory"
+    elif problem == "a folder with no runs":
+        target, expected = root / "traces", "no runs"
+        (root / "traces").mkdir(exist_ok=True)
+    else:
+        shutil.rmtree(root / "demos" / TABLE_PAIRS[0])
+        target, expected = folder, "a pair the repository has no demo for"
+    before = (root / "README.md").read_text()
+    result = run_tables(root, str(target))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and expected in result.stderr
+    assert (root / "README.md").read_text() == before
+
+
+# --- The README's target table ("| target ... | measured on the H100 | |") against the summaries.
+# Each pair: what its row must print, from the committed runs, and the target each value is held
+# to; the row says "met" exactly when every value meets its target.
+
+def util(c: dict, variant: str) -> float:
+    return c[variant]["analysis"]["gpu"]["utilization_pct"]
+
+
+def tensor_core_share_of_gemm(c: dict, variant: str) -> float:
+    gpu = c[variant]["analysis"]["gpu"]
+    return 100 * (gpu["gemm_pct"] - gpu["non_tensor_core_gemm_pct"]) / gpu["gemm_pct"]
+
+
+def optimizer_ms(c: dict, variant: str) -> float:
+    return c[variant]["analysis"]["optimizer"]["ms_per_step"]
+
+
+def padding(c: dict, variant: str) -> float:
+    return c[variant]["summary"]["padding_pct"]
+
+
+# (value, how the README prints it, target: (">=" or "<=", bound) or None for context only)
+TARGET_ROWS = {
+    "dataloader_workers": lambda c: [(c["speedup"], "{:.2f}×", (">=", 3.0)),
+                                     (util(c, "fixed"), "{:.1f} %", (">=", 90.0))],
+    "small_batch": lambda c: [(c["speedup"], "{:.2f}×", (">=", 5.0))],
+    "mixed_precision": lambda c: [
+        (c["speedup"], "{:.2f}×", (">=", 2.5)),
+        (tensor_core_share_of_gemm(c, "fixed"), "{:.0f} %", (">=", 80.0)),
+        (c["fixed"]["summary"]["bf16_peak_pct"], "{:.1f} %", (">=", 40.0))],
+    # step time fixed ÷ bad: the inverse of the samples/s ratio (same batch, same steps)
+    "activation_checkpointing": lambda c: [(c["peak_memory_ratio"], "{:.2f}×", ("<=", 0.5)),
+                                           (1 / c["speedup"], "{:.2f}×", ("<=", 1.4))],
+    "launch_overhead": lambda c: [(c["speedup"], "{:.2f}×", (">=", 3.0))],
+    "item_sync": lambda c: [(c["speedup"], "{:.2f}×", (">=", 1.5))],
+    "naive_attention": lambda c: [(c["speedup"], "{:.2f}×", (">=", 2.0)),
+                                  (c["peak_memory_ratio"], "{:.2f}×", ("<=", 0.5))],
+    "unfused_optimizer": lambda c: [
+        (optimizer_ms(c, "bad") / optimizer_ms(c, "fixed"), "{:.1f}× lower", (">=", 3.0)),
+        (optimizer_ms(c, "bad"), "{:.1f} →", None), (optimizer_ms(c, "fixed"), "→ {:.1f}", None),
+        (c["speedup"], "{:.2f}×", (">=", 1.3))],
+    "padding_waste": lambda c: [(c["speedup"], "{:.2f}×", (">=", 2.0)),
+                                (padding(c, "bad"), "{:.1f} % →", (">=", 50.0)),
+                                (padding(c, "fixed"), "→ {:.1f} %", ("<=", 10.0))],
+    "ddp_no_sync": lambda c: [(c["speedup"], "{:.2f}×", (">=", 1.3))],
+}
+
+
+def target_table_rows(readme: str) -> dict[str, list[str]]:
+    """{demo: [target, measured, met]} from the table whose header starts with "| target"."""
+    start = readme.index("\n| target")
+    rows = {}
+    for line in readme[start + 1:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[re.match(r"`(\w+)`", cells[0]).group(1)] = cells
+    return rows
+
+
+def test_readme_target_table_matches_the_committed_runs():
+    gpu = "h100"  # the table speaks of the H100 run
+    if gpu not in GPUS:
+        pytest.skip(f"no {gpu} reference")
+    rows = target_table_rows((ROOT / "README.md").read_text())
+    assert set(rows) == set(TARGET_ROWS) <= set(compare.finished_pairs(REFERENCE / gpu))
+    for demo, expected in TARGET_ROWS.items():
+        _, measured, met = rows[demo]
+        values = expected(comparison(gpu, demo))
+        for value, printed, _ in values:
+            assert printed.format(value) in measured, (demo, printed.format(value), measured)
+        held = all(bound is None or (value >= bound[1] if bound[0] == ">=" else value <= bound[1])
+                   for value, _, bound in values)
+        assert met.startswith("met" if held else "**missed**"), (demo, met)

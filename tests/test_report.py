@@ -199,9 +199,11 @@ def test_missing_failed_and_stale_sections_say_why(pairs_out):
 @pytest.fixture
 def far_from_utc(monkeypatch):
     """The process's local time zone 5:30 ahead of UTC: a naive time read as local time would be
-    5.5 h off."""
-    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    5.5 h off. A POSIX TZ string ("IST-5:30": name, then the offset west of UTC) needs no tzdata;
+    a zone name such as Asia/Kolkata silently means UTC where tzdata is missing."""
+    monkeypatch.setenv("TZ", "IST-5:30")
     time.tzset()
+    assert time.localtime(0).tm_gmtoff == 5.5 * 3600  # else the tests below could not fail
     yield
     monkeypatch.undo()
     time.tzset()
