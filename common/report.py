@@ -39,9 +39,14 @@ FIGURES_DIR = "report_files"
 # draws an activation_memory verdict gets one too).
 MEMORY_CURVE_DEMOS = ("activation_checkpointing", "mixed_precision", "naive_attention")
 FIGURE_DPI = 110  # ~1100 px wide figures: sharp in a browser, ~50 KB each
-# Timeline bars closer than this share of the time axis merge into one (below a pixel): keeps a
-# trace of 100 000 kernels drawable.
-TIMELINE_MIN_GAP_SHARE = 1 / 4000
+# The timeline draws each row as the share of each column of time it is busy, the column's height
+# in the row: a kernel narrower than a pixel then shows as the sliver it is (a span drawn a pixel
+# wide would paint a GPU 18 % busy as full), and 100 000 kernels cost no more than ten. About one
+# column per pixel of the axes at FIGURE_DPI.
+TIMELINE_COLUMNS = 1000
+# Room above the tallest stacked bar, as a share of it: matplotlib pins the axis to the top bar's
+# own bottom edge (a "sticky edge"), which cut the tallest stacks off at the frame.
+BAR_HEADROOM = 0.08
 ROLE_COLORS = {"kernel": "#2e7d32", "memcpy": "#f9a825", "memset": "#8d6e63",
                "runtime": "#6a1b9a", "dataloader": "#c62828", "cpu_exec": "#1565c0",
                "other": "#bdbdbd"}
@@ -64,7 +69,7 @@ class Section:
 
 # --- Plots. ---------------------------------------------------------------------------------------
 
-def plot_step_breakdown(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
+def breakdown_figure(analyses: dict[str, analyze.Analysis], title: str):
     """Stacked bars, one per profiled step of each variant: where its time goes (ms), with the
     TensorBoard plugin's priority (kernel > memcpy > memset > runtime > DataLoader > CPU >
     other)."""
@@ -81,17 +86,18 @@ def plot_step_breakdown(analyses: dict[str, analyze.Analysis], out_png: Path, ti
             ax.bar(labels, table[:, index], bottom=bottom, color=ROLE_COLORS[role],
                    label=role.replace("_", " "))
             bottom += table[:, index]
+    ax.set_ylim(0, bottom.max() * (1 + BAR_HEADROOM) or 1.0)
     ax.set_ylabel("ms per step")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return save(fig, out_png)
+    return fig
 
 
 IDLE_COLORS = {"busy": "#2e7d32", "dataloader": "#c62828", "host_sync": "#ef6c00",
                "launch": "#6a1b9a", "other": "#bdbdbd"}
 
 
-def plot_idle_by_cause(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
+def idle_figure(analyses: dict[str, analyze.Analysis], title: str):
     """One bar per variant, 100 % of its profiled steps: the GPU busy (kernels, copies, memsets)
     and its idle time by cause (gpu.idle_by_cause_pct)."""
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(analyses)))
@@ -109,26 +115,27 @@ def plot_idle_by_cause(analyses: dict[str, analyze.Analysis], out_png: Path, tit
     ax.set_xlabel("% of the profiled steps")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return save(fig, out_png)
+    return fig
 
 
-def coalesce(spans: intervals.Spans, min_gap: float) -> intervals.Spans:
-    """Merge intervals separated by less than min_gap (they would overlap on screen anyway)."""
-    merged = intervals.merge(intervals.Spans(spans.start, spans.end + min_gap))
-    return intervals.Spans(merged.start, merged.end - min_gap)
+def busy_share(spans: intervals.Spans, edges_us: np.ndarray) -> np.ndarray:
+    """For each column between consecutive edges, the share of it that `spans` cover (0..1)."""
+    covered = intervals.covered_length(intervals.merge(spans), edges_us[:-1], edges_us[1:])
+    return covered / np.diff(edges_us)
 
 
-def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path:
+def timeline_figure(analyses: dict[str, analyze.Analysis], title: str):
     """One row per variant's CPU regions (in its host steps) and, when the trace has GPU work, a
-    GPU-busy row (union of kernels, in the steps that follow the GPU). Same time scale for every
-    variant, from the earlier of its first host step's and first extended step's start: a CPU
-    that runs ahead of the GPU shows its regions before the kernels they launched."""
+    GPU-busy row (union of kernels, in the steps that follow the GPU), each drawn as the share of
+    every column of time it is busy (TIMELINE_COLUMNS). Same time scale for every variant, from
+    the earlier of its first host step's and first extended step's start: a CPU that runs ahead
+    of the GPU shows its regions before the kernels they launched."""
     def extent(a: analyze.Analysis) -> tuple[float, float]:
         return min(a.host_window[0], a.window[0]), max(a.host_window[1], a.window[1])
 
     longest_ms = max((high - low) / metrics.US_PER_MS
                      for low, high in map(extent, analyses.values()))
-    min_gap = longest_ms * metrics.US_PER_MS * TIMELINE_MIN_GAP_SHARE
+    edges_ms = np.linspace(0, longest_ms, TIMELINE_COLUMNS + 1)
     fig, axes = plt.subplots(len(analyses), 1, figsize=(11, 1.0 + 1.7 * len(analyses)),
                              squeeze=False)
     for ax, (variant, analysis) in zip(axes[:, 0], analyses.items()):
@@ -139,12 +146,14 @@ def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: s
         if has_gpu:
             rows.append(("GPU kernels", analysis.kernel_busy, analysis.window))
         for y, (name, spans, window) in enumerate(rows):
-            shown = coalesce(intervals.clip(intervals.merge(spans), *window), min_gap)
-            ax.broken_barh(list(zip((shown.start - origin) / metrics.US_PER_MS,
-                                    (shown.end - shown.start) / metrics.US_PER_MS)),
-                           (y - 0.4, 0.8), color=REGION_COLORS.get(name, "#2e7d32"))
+            share = busy_share(intervals.clip(spans, *window),
+                               origin + edges_ms * metrics.US_PER_MS)
+            # Rows grow up from their baseline (y + 0.4: the y axis runs top down).
+            ax.fill_between(edges_ms, y + 0.4, y + 0.4 - 0.8 * np.r_[share, share[-1]],
+                            step="post", lw=0, color=REGION_COLORS.get(name, "#2e7d32"))
         for edge in np.r_[analysis.steps.start, analysis.steps.end[-1:]]:
-            ax.axvline((edge - origin) / metrics.US_PER_MS, color="#616161", lw=0.8, ls="--")
+            ax.axvline((edge - origin) / metrics.US_PER_MS, color="#616161", lw=0.8, ls="--",
+                       zorder=0)  # behind the rows: a row shows all it paints
         ax.set_yticks(range(len(rows)), [name for name, _, _ in rows], fontsize=8)
         ax.set_ylim(max(len(rows), 1) - 0.4, -0.6)  # first row on top
         ax.set_xlim(0, longest_ms)
@@ -152,13 +161,15 @@ def plot_timeline(analyses: dict[str, analyze.Analysis], out_png: Path, title: s
         ax.set_title(f"{variant}: GPU utilization {gpu['utilization_pct']:.0f} %" if has_gpu
                      else f"{variant}: CPU-only trace, no GPU timeline - the CPU's step regions",
                      fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("ms since the first profiled step (dashed: step boundaries, as the "
-                           "GPU ran them)")
+    column_us = longest_ms / TIMELINE_COLUMNS * metrics.US_PER_MS
+    axes[-1, 0].set_xlabel(f"ms since the first profiled step (dashed: step boundaries, as the "
+                           f"GPU ran them; a row's height: the share of each {column_us:.3g} µs "
+                           f"it is busy)")
     fig.suptitle(title, fontsize=10)
-    return save(fig, out_png)
+    return fig
 
 
-def plot_memory(analyses: dict[str, analyze.Analysis], out_png: Path, title: str) -> Path | None:
+def memory_figure(analyses: dict[str, analyze.Analysis], title: str):
     """Allocated memory over time for each variant (the trace's device). None if no trace has
     [memory] events (the profiler records them only with profile_memory=True)."""
     if not any(a.memory_mb.size for a in analyses.values()):
@@ -177,7 +188,7 @@ def plot_memory(analyses: dict[str, analyze.Analysis], out_png: Path, title: str
     ax.set_ylabel("allocated MB")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    return save(fig, out_png)
+    return fig
 
 
 def format_mb(value: float) -> str:
@@ -190,8 +201,8 @@ def plot_memory_over_time(traces: dict[str, Path], out_png: Path,
     """Memory over time of one or more traces (label -> trace file or run directory), each for
     its device: the GPU if the trace has GPU work, else the CPU. Writes out_png; returns it, or
     None when no trace has [memory] events."""
-    return plot_memory({label: analyze.analyze(path) for label, path in traces.items()},
-                       Path(out_png), title)
+    fig = memory_figure({label: analyze.analyze(path) for label, path in traces.items()}, title)
+    return None if fig is None else save(fig, Path(out_png))
 
 
 def save(fig, out_png: Path) -> Path:
@@ -245,29 +256,28 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
     section = Section(demo, "ok", comparison=comparison)
     section.figures.append((
         "Time per profiled step, by what runs (the TensorBoard plugin's Overview breakdown)",
-        plot_step_breakdown(analyses, figures_dir / f"{demo}_breakdown.png",
-                            f"{demo}: time per profiled step (ms)")))
+        save(breakdown_figure(analyses, f"{demo}: time per profiled step (ms)"),
+             figures_dir / f"{demo}_breakdown.png")))
     on_gpu = all(a.result["gpu"] for a in analyses.values())
     if on_gpu:
         section.figures.append((
             "Why the GPU is idle: its busy time and each idle cause, as a share of the profiled "
             "steps (gpu.idle_by_cause_pct; definitions in the top-level README)",
-            plot_idle_by_cause(analyses, figures_dir / f"{demo}_idle.png",
-                               f"{demo}: GPU busy and idle by cause")))
+            save(idle_figure(analyses, f"{demo}: GPU busy and idle by cause"),
+                 figures_dir / f"{demo}_idle.png")))
     section.figures.append((
         "Timeline of the profiled steps: the CPU's regions and the GPU's busy time (union of "
         "kernels)" if on_gpu else
         "Timeline of the profiled steps: the CPU's regions (data, DataLoader, forward, backward, "
         "optimizer). CPU-only traces: there is no GPU timeline to show",
-        plot_timeline(analyses, figures_dir / f"{demo}_timeline.png", f"{demo}: timeline")))
+        save(timeline_figure(analyses, f"{demo}: timeline"), figures_dir / f"{demo}_timeline.png")))
     memory_verdict = any(f["id"] == "activation_memory"
                          for a in analyses.values() for f in a.result["findings"])
     if demo in MEMORY_CURVE_DEMOS or memory_verdict:
-        png = plot_memory(analyses, figures_dir / f"{demo}_memory.png",
-                          f"{demo}: memory allocated over the profiled steps")
-        if png:
+        fig = memory_figure(analyses, f"{demo}: memory allocated over the profiled steps")
+        if fig is not None:
             section.figures.append(("Memory allocated over time (the profiler's memory events)",
-                                    png))
+                                    save(fig, figures_dir / f"{demo}_memory.png")))
     return section
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -275,3 +276,104 @@ def test_report_command_line_into_a_closed_pipe(pairs_out):
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
     assert result.returncode == 1
     assert sorted(sections((pairs_out / report.REPORT_MD).read_text())) == ["small_batch"]
+
+
+# --- Pictures checked by what they show (the committed H100 reference: real traces). ------------
+REFERENCE_H100 = ROOT / "traces" / "reference" / "h100"
+needs_reference = pytest.mark.skipif(not (REFERENCE_H100 / "item_sync" / "fixed").is_dir(),
+                                     reason="no committed H100 reference run")
+
+
+def reference_analyses(demo: str) -> dict:
+    from common import analyze
+    return {v: analyze.analyze(REFERENCE_H100 / demo / v) for v in ("bad", "fixed")}
+
+
+def drawn(fig):
+    """The figure as saved (laid out, drawn): an RGBA array, row 0 at the top."""
+    import numpy as np
+    fig.tight_layout()
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(float)
+
+
+# A painted share of a row is read off its pixels: the row's colour blended with white by the
+# share of each pixel covered (antialiasing), so (green - red) / (the colour's green - red) is that
+# share; grey step lines behind the row have green = red and count as unpainted. Summed over the
+# pixels the row's band touches and divided by the band's exact area. The tolerance: rounding at
+# the edges of ~1000 columns a pixel wide, which read 0.6 points or less on five reference pairs.
+PAINTED_SHARE_TOLERANCE_PCT = 1.5
+
+
+@needs_reference
+@pytest.mark.parametrize("demo", ["item_sync", "dataloader_workers", "launch_overhead"])
+def test_the_timelines_gpu_row_is_as_full_as_the_gpu_was_busy(demo):
+    """item_sync's GPU is 18-20 % busy in kernels of a few µs, far narrower than a pixel: the row
+    must look 18-20 % full, not solid."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    analyses = reference_analyses(demo)
+    fig = report.timeline_figure(analyses, demo)
+    pixels = drawn(fig)
+    red, green, _ = (255 * c for c in to_rgb("#2e7d32"))  # the GPU row's colour
+    height = pixels.shape[0]
+    for ax, analysis in zip(fig.axes, analyses.values()):
+        row = [t.get_text() for t in ax.get_yticklabels()].index("GPU kernels")
+        origin = min(analysis.host_window[0], analysis.window[0])
+        x0, x1 = ((t - origin) / 1000 for t in analysis.window)
+        (left, bottom), (right, top) = ax.transData.transform([(x0, row + 0.4), (x1, row - 0.4)])
+        box = pixels[math.floor(height - top):math.ceil(height - bottom),
+                     math.floor(left):math.ceil(right)]
+        painted = np.clip((box[..., 1] - box[..., 0]) / (green - red), 0, 1).sum()
+        share = painted / ((top - bottom) * (right - left))
+        assert 100 * share == pytest.approx(analysis.result["gpu"]["utilization_pct"],
+                                            abs=PAINTED_SHARE_TOLERANCE_PCT)
+
+
+@needs_reference
+def test_no_stacked_bar_reaches_past_the_breakdowns_frame():
+    """activation_checkpointing: its fixed steps are the tallest stacks; each stack is its step's
+    breakdown, in order, and stands below the top of the axis."""
+    import numpy as np
+    analyses = reference_analyses("activation_checkpointing")
+    fig = report.breakdown_figure(analyses, "t")
+    ax = fig.axes[0]
+    drawn(fig)
+    stacks: dict = {}
+    for bar in ax.patches:
+        x = round(bar.get_x() + bar.get_width() / 2, 6)
+        stacks[x] = max(stacks.get(x, 0.0), bar.get_y() + bar.get_height())
+    expected = np.concatenate([a.breakdown_ms.sum(axis=1) for a in analyses.values()])
+    assert [stacks[x] for x in sorted(stacks)] == pytest.approx(expected.tolist(), rel=1e-9)
+    assert max(stacks.values()) * (1 + report.BAR_HEADROOM) <= ax.get_ylim()[1] * (1 + 1e-9)
+
+
+@needs_reference
+def test_the_idle_bars_are_the_idle_split():
+    """One bar per variant across 0-100 %: GPU busy, then each idle cause, at its own width."""
+    from common import analyze
+    analyses = reference_analyses("dataloader_workers")
+    fig = report.idle_figure(analyses, "t")
+    ax = fig.axes[0]
+    parts = ("busy", *analyze.IDLE_CAUSES)
+    bars = list(ax.patches)
+    assert len(bars) == len(parts) * len(analyses)
+    for index, analysis in enumerate(analyses.values()):
+        idle = analysis.result["gpu"]["idle_by_cause_pct"]
+        widths = [100 - sum(idle.values())] + [idle[cause] for cause in analyze.IDLE_CAUSES]
+        mine = [bars[k * len(analyses) + index] for k in range(len(parts))]  # one part at a time
+        assert [b.get_width() for b in mine] == pytest.approx(widths, abs=1e-9)
+        assert [b.get_x() for b in mine] == pytest.approx(
+            [sum(widths[:k]) for k in range(len(parts))], abs=1e-9)
+        assert sum(widths) == pytest.approx(100.0) and ax.get_xlim() == (0, 100)
+
+
+@needs_reference
+def test_the_memory_curve_peaks_at_the_analyzers_peak():
+    analyses = reference_analyses("activation_checkpointing")
+    fig = report.memory_figure(analyses, "t")
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label().split(" ")[0] for line in lines] == ["bad", "fixed"]
+    for line, analysis in zip(lines, analyses.values()):
+        assert max(line.get_ydata()) == pytest.approx(analysis.result["peak_memory_mb"])
+        assert report.format_mb(analysis.result["peak_memory_mb"]) in line.get_label()
