@@ -175,7 +175,8 @@ def rule_small_batch(m: dict) -> dict | None:
     if launch_ratio is not None and not batch_is_small(m):
         return None
     evidence = (
-        f"GPU under-filled: utilization {gpu['utilization_pct']:.0f} % with a median kernel of "
+        # One decimal: the rule is strict (< 50 %), and 49.7 % rounded to a whole would read 50.
+        f"GPU under-filled: utilization {gpu['utilization_pct']:.1f} % with a median kernel of "
         f"{gpu['median_kernel_us']:.1f} us (rule: < {SMALL_BATCH_UTILIZATION_MAX_PCT:.0f} % and "
         f"<= {SMALL_BATCH_MEDIAN_KERNEL_MAX_US:.0f} us)")
     fix = ("give each kernel more work: a larger batch (scale the learning rate with it), or "

@@ -435,6 +435,11 @@ def test_flags_errors_exit_2(capsys):
 
 # --- The demos' own CPU traces. ------------------------------------------------------------------
 
+# The rules that read the GPU's metrics (m["gpu"], null on a CPU trace).
+GPU_ONLY_VERDICTS = {"small_batch", "fp32_matmul", "activation_memory", "launch_overhead",
+                     "host_sync", "h2d_copy"}
+
+
 def cpu_spans(path, predicate) -> list[tuple[float, float]]:
     events = trace.load_trace(path)["traceEvents"]
     return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
@@ -462,7 +467,9 @@ def test_smoke_traces_of_the_workers_pair(workers_smoke_out):
         assert result["peak_memory_mb"] == pytest.approx(summary["peak_memory_mb"])
         assert sum(result["step_breakdown_ms"].values()) == pytest.approx(
             result["step_ms"]["mean"])
-        assert not {f["id"] for f in result["findings"]} - {"dataloader"}  # no GPU verdicts
+        # No GPU verdict on a CPU trace. (Which CPU-side verdicts fire on a smoke step is its
+        # timing: SGD's share of a tiny ResNet step can reach unfused_optimizer's line.)
+        assert not {f["id"] for f in result["findings"]} & GPU_ONLY_VERDICTS
 
 
 def test_dataloader_verdict_on_the_workers_pair_at_cpu_preset_sizes(workers_cpu_out):
