@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import trace
+from common import sanity, trace
 from common.intervals import Spans, merge, union_in
 from common.metrics import (
     BREAKDOWN_ROLES,
@@ -135,6 +135,9 @@ def analyze(path: Path) -> Analysis:
     breakdown = step_breakdown_ms(steps, roles)
     metrics["step_breakdown_ms"] = dict(zip(BREAKDOWN_ROLES, map(float, breakdown.mean(axis=0))))
     metrics["findings"] = findings_for(metrics)
+    # Events the profiler wrote that cannot be true, left out of every number above, by kind.
+    metrics["impossible_events"] = columns.impossible
+    metrics["warnings"] = [line for line in [sanity.warning_line(columns.impossible)] if line]
     return Analysis(result=metrics, steps=steps, window=window, host_window=host_window,
                     breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),
@@ -256,6 +259,7 @@ def format_human(result: dict) -> str:
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
                       if ms >= 0.05)
     lines.append(f"breakdown    ms per step: {parts}")
+    lines += [f"warning      {line}" for line in result["warnings"]]
     if not result["findings"]:
         lines.append("verdicts     none: no bottleneck rule fired"
                      + ("" if gpu else " (GPU rules need GPU activity)"))

@@ -155,7 +155,8 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
     # A pair run as several ranks (ddp_no_sync): every rank's step and collective time.
     comparison["ranks"] = {v: (analyze.analyze_ranks(demo_dir / v) or {}).get("cross_rank")
                            for v in VARIANTS}
-    comparison["warnings"] = profiler_warnings(comparison)
+    comparison["warnings"] = profiler_warnings(comparison) + [
+        f"{v}: {line}" for v in VARIANTS for line in runs[v]["analysis"]["warnings"]]
     return comparison
 
 

@@ -61,22 +61,55 @@ def newest_trace(path: Path) -> Path:
     if path.is_dir():
         found = trace_files(path)
         if not found:
-            raise TraceError(f"{path}: no {' or '.join(TRACE_SUFFIXES)} file in this directory")
+            deeper = sorted(p for suffix in TRACE_SUFFIXES for p in path.rglob(f"*{suffix}"))
+            raise TraceError(
+                f"{path}: no {' or '.join(TRACE_SUFFIXES)} file in this directory"
+                + (f"; its subfolders hold {len(deeper)}: pass one of those folders or files, "
+                   f"e.g. {deeper[0].parent}" if deeper else ""))
         return found[-1]
     if not path.exists():
         raise TraceError(f"{path}: no such file or directory")
     return path
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first local file header
+TAR_MAGIC_AT, TAR_MAGIC = 257, b"ustar"  # POSIX tar: the magic field of the first header
+
+
+def refuse_archive(path: Path, data: bytes, packed: str = "") -> None:
+    """A zip or tar of traces is not a trace: say what it is and what to pass instead."""
+    kind = ("a zip archive" if data.startswith(ZIP_MAGIC) else
+            "a tar archive" if data[TAR_MAGIC_AT:TAR_MAGIC_AT + len(TAR_MAGIC)] == TAR_MAGIC
+            else None)
+    if kind:
+        raise TraceError(f"{path}: {kind}{packed}, not a trace: unpack it and pass one "
+                         f"{' or '.join(TRACE_SUFFIXES)} file from it, or the folder it unpacks to")
+
+
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped if it is gzip. Raises TraceError."""
+    """The file's JSON text, gunzipped if it is gzip. Raises TraceError, which says what the
+    file is where it is no trace (an archive, a gzip inside a gzip, an empty gzip, a folder)."""
+    if Path(path).is_dir():
+        raise TraceError(f"{path}: a folder, not a trace file: pass one {TRACE_SUFFIXES[0]}(.gz) "
+                         f"file in it")
     try:
         raw = Path(path).read_bytes()
     except OSError as error:
         raise TraceError(f"{path}: cannot read ({error.strerror or error})") from None
     if not raw.strip():
         raise TraceError(f"{path}: empty file")
-    return gunzip(path, raw) if raw.startswith(GZIP_MAGIC) else raw
+    refuse_archive(path, raw)
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    text = gunzip(path, raw)
+    if not text.strip():
+        raise TraceError(f"{path}: an empty gzip (nothing inside it): the trace was never "
+                         f"written into it; record it again")
+    if text.startswith(GZIP_MAGIC):
+        raise TraceError(f"{path}: a gzip inside a gzip (compressed twice): gunzip it once "
+                         f"(gunzip -c FILE > trace{TRACE_SUFFIXES[1]}) and pass that")
+    refuse_archive(path, text, packed=", gzipped")
+    return text
 
 
 GZIP_WBITS = 31  # zlib's code for "a gzip header and trailer around the deflate stream"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import trace
+from common import sanity, trace
 from common.intervals import Spans
 
 # --- What an event is, from its category (lowercased). -----------------------------------------
@@ -164,6 +164,9 @@ class TraceColumns:
     collective_ops: Spans = field(default_factory=Spans.empty)
     gpu_optimizer: Spans = field(default_factory=Spans.empty)  # GPU_REGION_CATEGORY's optimizer
     ddp_forwards: Spans = field(default_factory=Spans.empty)  # DDP_FORWARD spans, sorted
+    # Impossible events left out of every column above, by kind (common/sanity.py): all zero for
+    # a sound trace.
+    impossible: dict = field(default_factory=dict)
 
 
 # --- Reading the events. ----------------------------------------------------------------------
@@ -284,7 +287,10 @@ class Pieces:
 
     def column(self, key: str, dtype=np.float64) -> np.ndarray:
         parts = self.arrays.get(key)
-        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+        if not parts:
+            return np.empty(0, dtype)
+        # One part (sanity.drop_impossible joins them) is used as it is: no second copy.
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(dtype, copy=False)
 
 
 def widen(extent: list[float], spans: Spans) -> None:
@@ -426,10 +432,36 @@ def read_gpu_optimizer(pieces: Pieces, group: list) -> None:
     pieces.add("gpu_optimizer_end", spans.end[keep])
 
 
+def extent_of(pieces: Pieces, groups: tuple[str, ...], named: list) -> list[float]:
+    """[first start, last end] of these column groups and named spans ([inf, -inf]: none)."""
+    extent = [np.inf, -np.inf]
+    for group in groups:
+        widen(extent, Spans(pieces.column(f"{group}_start"), pieces.column(f"{group}_end")))
+    for _, start, end, _ in named:
+        extent[:] = [min(extent[0], start), max(extent[1], end)]
+    return extent
+
+
 def finish(pieces: Pieces, top: dict) -> TraceColumns:
     if not np.isfinite(pieces.all_extent[0]):
         raise ValueError("no timed events (ph 'X'): nothing to analyse")
-    # A step or region range on a GPU's timeline (whatever its category) is not a CPU span.
+
+    def cpu_steps() -> list[tuple[str, float, float]]:
+        # A step or region range on a GPU's timeline (whatever its category) is not a CPU span.
+        return [(name, start, end) for name, start, end, pid in pieces.named_spans
+                if pid not in pieces.gpu_pids and name_role(name) == ROLE_STEP]
+
+    steps_written = bool(cpu_steps())
+    impossible = sanity.drop_impossible(pieces.arrays, pieces.named_spans,
+                                        [pieces.layer_batches, pieces.square_softmaxes])
+    if any(impossible.values()):  # the extents were widened by what is now left out
+        pieces.all_extent = extent_of(pieces, sanity.SPAN_GROUPS, pieces.named_spans)
+        pieces.cpu_extent = extent_of(pieces, ("cpu_op",), [])
+        if not np.isfinite(pieces.all_extent[0]):
+            raise sanity.NothingLeft(f"nothing left to analyse, {sanity.warning_line(impossible)}")
+    steps = sanity.possible_steps(cpu_steps(), impossible)
+    if steps_written and not steps:  # the whole trace as one step would be another trace
+        raise sanity.NothingLeft(f"no ProfilerStep#N left, {sanity.warning_line(impossible)}")
     named = [(name, start, end) for name, start, end, pid in pieces.named_spans
              if pid not in pieces.gpu_pids]
     if pieces.cpu_extent[0] > pieces.cpu_extent[1]:  # no operators: the named spans' extent
@@ -466,7 +498,9 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         runtime_correlation=pieces.column("runtime_correlation", np.int64),
         runtime_is_launch=pieces.column("runtime_is_launch", bool),
         runtime_is_sync=pieces.column("runtime_is_sync", bool),
-        steps=spans_named(lambda n: name_role(n) == ROLE_STEP), dataloader=dataloader,
+        steps=Spans(np.array([start for _, start, _ in steps], dtype=np.float64),
+                    np.array([end for _, _, end in steps], dtype=np.float64)),
+        dataloader=dataloader,
         cpu_ops=Spans(pieces.column("cpu_op_start"), pieces.column("cpu_op_end")),
         cpu_extent=(tuple(pieces.cpu_extent) if pieces.cpu_extent[0] <= pieces.cpu_extent[1]
                     else None),
@@ -490,7 +524,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         hip_runtime=any(name.startswith(HIP_API_PREFIX) for name in pieces.runtime_by_name),
         distributed_info=distributed if isinstance(distributed, dict) else None,
         collective_spans=collective_spans, collective_ops=collective_ops,
-        ddp_forwards=ddp_forwards)
+        ddp_forwards=ddp_forwards, impossible=impossible)
 
 
 def read_pieces(pieces_of_events) -> Pieces:
@@ -518,6 +552,8 @@ def read_trace(path: Path) -> TraceColumns:
         return finish(pieces, top)
     except trace.TraceError:
         raise
+    except sanity.NothingLeft as error:
+        raise trace.TraceError(f"{path}: {error}") from None
     except (AttributeError, KeyError, TypeError, ValueError) as error:
         raise trace.TraceError(f"{path}: not a Kineto trace ({error})") from None
     finally:

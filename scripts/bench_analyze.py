@@ -166,11 +166,24 @@ def synthetic_gpu_seed(path: Path) -> Path:
 SHIFTED_ARGS = ("correlation", "External id")  # ids that must stay unique across copies
 
 
-def shifted(events: list[dict], shift_us, id_offset: int) -> list[dict]:
-    """The events moved later by shift_us, with flow, correlation and External ids made unique."""
+def step_number(name) -> int | None:
+    """N of a "ProfilerStep#N" name, else None."""
+    if isinstance(name, str) and name.startswith(trace.STEP_PREFIX):
+        number = name[len(trace.STEP_PREFIX):]
+        return int(number) if number.isdigit() else None
+    return None
+
+
+def shifted(events: list[dict], shift_us, id_offset: int, step_offset: int = 0) -> list[dict]:
+    """The events moved later by shift_us, with flow, correlation and External ids made unique,
+    and ProfilerStep#N numbered on by step_offset (a step number seen twice is an impossible
+    event, which the analyzer leaves out)."""
     copies = []
     for event in events:
         copy = dict(event, ts=event["ts"] + shift_us)
+        number = step_number(event.get("name"))
+        if number is not None and step_offset:
+            copy["name"] = f"{trace.STEP_PREFIX}{number + step_offset}"
         if isinstance(event.get("id"), int):
             copy["id"] = event["id"] + id_offset
         args = event.get("args")
@@ -207,6 +220,7 @@ def build_large_trace(seed: Path, target_mb: float, out: Path) -> dict:
     id_step = 1 + max([e["id"] for e in timed if isinstance(e.get("id"), int)]
                       + [e["args"][k] for e in timed for k in SHIFTED_ARGS
                          if isinstance((e.get("args") or {}).get(k), int)] + [0])
+    step_step = 1 + max([step_number(e.get("name")) or 0 for e in timed])
     target_bytes = target_mb * 1024 * 1024
     head = orjson.dumps(before)[:-1] + (b"," if before else b"") + b'"traceEvents":['
     tail = b"]" + (b"," + orjson.dumps(after)[1:] if after else b"}")
@@ -225,7 +239,7 @@ def build_large_trace(seed: Path, target_mb: float, out: Path) -> dict:
             write(orjson.dumps(metadata)[1:-1])
             separator = b","
         while True:  # whole copies while they fit
-            copy = shifted(timed, copies * period, copies * id_step)
+            copy = shifted(timed, copies * period, copies * id_step, copies * step_step)
             chunk = separator + orjson.dumps(copy)[1:-1]
             if written + len(chunk) + len(tail) > target_bytes:
                 break

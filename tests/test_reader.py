@@ -257,6 +257,9 @@ def test_the_benchmark_scales_a_real_shaped_trace(tmp_path, monkeypatch):
     assert all(isinstance(e["ts"], int) for e in events if e["ph"] != "M")
     correlations = [e["args"]["correlation"] for e in events if e.get("cat") == "kernel"]
     assert len(correlations) == len(set(correlations))
+    steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]
+    assert len(steps) == len(set(steps))  # numbered on: a step number seen twice is impossible
     reads = Reads(monkeypatch)
     result = analyze.analyze_trace(out)
     reads.assert_read_once()

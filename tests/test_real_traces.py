@@ -244,6 +244,8 @@ def test_reads_without_error_or_noise(name, capsys):
     human = capsys.readouterr()
     assert human.err == "" and human.out.startswith("trace ")
     result = cli_json(name)
+    # Other people's real traces hold no impossible event (common/sanity.py): nothing left out.
+    assert result["warnings"] == [] and not any(result["impossible_events"].values())
     assert {"device", "gpu_name", "steps", "step_ms", "dataloader_pct", "gpu", "findings"} <= set(
         result)
     if result["gpu"]:

@@ -88,6 +88,14 @@ def test_padding_waste_claims(gpu):
     assert min(utilization) >= 95 and median[1] < median[0]
 
 
+@pytest.mark.parametrize(("gpu", "demo"), PAIRS)
+def test_no_impossible_event_in_the_reference(gpu, demo):
+    c = comparison(gpu, demo)
+    for variant in compare.VARIANTS:
+        analysis = c[variant]["analysis"]
+        assert analysis["warnings"] == [] and not any(analysis["impossible_events"].values())
+
+
 def report_ratio(report: str, demo: str, label: str) -> str:
     """The `fixed / bad` cell of the `label` row in the report's `## demo` section."""
     section = re.search(rf"^## {re.escape(demo)}\n(.*?)(?=^## |\Z)", report,

@@ -1,0 +1,126 @@
+"""Impossible events: what a profiler cannot have recorded, counted by kind and kept out of the
+numbers. One pass over the columns the reader built (trace_columns.finish calls it), before any
+number is read off them:
+
+- negative_duration   an event that ends before it starts (a step of "-0.1 ms");
+- outside_recording   an event that starts more than a day from the median start of the trace's
+                      events: not from this capture (ts 0 among epoch timestamps of ~1.7e15 µs);
+- overlong_duration   an event that lasts more than a day (a dur of 1e300);
+- duplicate_step      a second ProfilerStep#N with a number already seen (the first is kept);
+- overlapping_step    a ProfilerStep#N that starts before the step before it ends.
+
+A day, because torch.profiler records seconds to minutes of a run: no capture lasts a day, and
+timestamps a day apart are not of one capture. Where timestamps start at 0 (traces written
+relative to the capture), ts 0 is inside the recording and stays. Imports no torch."""
+from __future__ import annotations
+
+import numpy as np
+
+US_PER_DAY = 86_400e6
+# The longest plausible capture, and the farthest a start may lie from the rest of the trace.
+MAX_RECORDING_US = US_PER_DAY
+# The columns the reader keeps, by the prefix of their keys in trace_columns.Pieces.arrays; each
+# group's arrays are parallel (one value per event). "memory" ([memory] instants) has a ts only.
+SPAN_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "gpu_optimizer")
+INSTANT_GROUPS = ("memory",)
+KIND_WORDS = {  # how a warning names each kind (count first)
+    "negative_duration": "with a negative duration",
+    "outside_recording": "starting more than a day from the rest of the trace",
+    "overlong_duration": "lasting more than a day",
+    "duplicate_step": "repeating a ProfilerStep#N already seen",
+    "overlapping_step": "starting before the ProfilerStep#N before them ended",
+}
+
+
+class NothingLeft(ValueError):
+    """Left out, the impossible events took every timed event, or every ProfilerStep#N."""
+
+
+def joined(arrays: dict, key: str) -> np.ndarray | None:
+    """The group column `key`, its pieces joined into one array (stored back as one piece)."""
+    parts = arrays.get(key)
+    if not parts:
+        return None
+    if len(parts) > 1:
+        arrays[key] = [np.concatenate(parts)]
+    return arrays[key][0]
+
+
+def span_verdict(start: np.ndarray, end: np.ndarray, median_start: float) -> dict[str, np.ndarray]:
+    """Masks of the impossible events by kind, each event under the first kind that holds."""
+    negative = end < start
+    outside = ~negative & ~(np.abs(start - median_start) <= MAX_RECORDING_US)  # NaN-safe
+    overlong = ~negative & ~outside & ~(end - start <= MAX_RECORDING_US)
+    return {"negative_duration": negative, "outside_recording": outside,
+            "overlong_duration": overlong}
+
+
+def drop_impossible(arrays: dict, named_spans: list, timed_points: list[list]) -> dict[str, int]:
+    """Remove impossible events from the reader's columns (arrays: key -> list of pieces),
+    its named CPU spans ((name, start, end, pid) tuples) and its timed points ((ts, value)
+    lists: layer batches, softmaxes), in place. Returns the count of each kind removed."""
+    starts = [joined(arrays, f"{group}_start") for group in SPAN_GROUPS]
+    points = [joined(arrays, f"{group}_ts") for group in INSTANT_GROUPS]
+    every_start = np.concatenate([s for s in starts + points if s is not None]
+                                 + [np.array([start for _, start, _, _ in named_spans])])
+    found = dict.fromkeys(KIND_WORDS, 0)
+    if not every_start.size:
+        return found
+    median_start = float(np.median(every_start[np.isfinite(every_start)])) \
+        if np.isfinite(every_start).any() else 0.0
+    for group, start in zip(SPAN_GROUPS, starts):
+        if start is None:
+            continue
+        masks = span_verdict(start, joined(arrays, f"{group}_end"), median_start)
+        keep_only(arrays, group, ~np.logical_or.reduce(list(masks.values())), found, masks)
+    for group, ts in zip(INSTANT_GROUPS, points):
+        if ts is not None:
+            outside = ~(np.abs(ts - median_start) <= MAX_RECORDING_US)
+            keep_only(arrays, group, ~outside, found, {"outside_recording": outside})
+    if named_spans:
+        start = np.array([s for _, s, _, _ in named_spans])
+        masks = span_verdict(start, np.array([e for _, _, e, _ in named_spans]), median_start)
+        bad = np.logical_or.reduce(list(masks.values()))
+        for kind, mask in masks.items():
+            found[kind] += int(mask.sum())
+        named_spans[:] = [span for span, drop in zip(named_spans, bad) if not drop]
+    for kept in timed_points:  # layer batches, softmaxes: their ts only
+        kept[:] = [(ts, value) for ts, value in kept
+                   if abs(ts - median_start) <= MAX_RECORDING_US]
+    return found
+
+
+def keep_only(arrays: dict, group: str, keep: np.ndarray, found: dict, masks: dict) -> None:
+    for kind, mask in masks.items():
+        found[kind] += int(mask.sum())
+    if keep.all():
+        return
+    for key in [key for key in arrays if key.startswith(f"{group}_")]:
+        column = joined(arrays, key)
+        assert column.size == keep.size, f"{key}: not parallel to {group}_start"
+        arrays[key] = [column[keep]]
+
+
+def possible_steps(steps: list[tuple[str, float, float]], found: dict) -> list:
+    """The ProfilerStep#N spans (name, start, end) less repeats of a number and steps that start
+    inside the one before; counts each into `found`."""
+    seen, kept = set(), []
+    for name, start, end in sorted(steps, key=lambda step: step[1]):
+        if name in seen:
+            found["duplicate_step"] += 1
+        elif kept and start < kept[-1][2]:
+            found["overlapping_step"] += 1
+        else:
+            seen.add(name)
+            kept.append((name, start, end))
+    return kept
+
+
+def warning_line(found: dict) -> str | None:
+    """One line naming each kind found with its count; None when the trace has none."""
+    parts = [f"{count} event{'s' if count != 1 else ''} {KIND_WORDS[kind]}"
+             for kind, count in found.items() if count]
+    if not parts:
+        return None
+    return ("impossible events left out of every number: " + "; ".join(parts)
+            + " (the profiler wrote them; see README.md, 'Impossible events')")
