@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common import analyze, metrics, trace
+from common import analyze, kernel_names, metrics, trace
 from common.verdicts import DATALOADER_SHARE_MIN_PCT, HOST_SYNC_IDLE_MIN_PCT
 from tests.conftest import ROOT, read_summary
 from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FLASH_FP16_BWD,
@@ -215,7 +215,7 @@ def test_tensor_core_names_across_generations():
                  "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x64",
                  "void cutlass::Kernel2<cutlass_80_wmma_tensorop_s161616gemm_f16_32x32_128x2_tn>",
                  "sm90_gemm_bf16_wgmma_kernel"):
-        assert metrics.uses_tensor_cores(name), name
+        assert kernel_names.uses_tensor_cores(name), name
     for name in (FP32_GEMM, "volta_sgemm_128x64_nn", "cutlass_80_simt_sgemm_128x64_8x5_nn_align1",
                  "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma",
                  "void cudnn::cnn::implicit_convolve_sgemm<float, float, 128, 6, 7, 3, 3, 5>",
@@ -224,7 +224,7 @@ def test_tensor_core_names_across_generations():
                  # cuBLAS's small-matrix kernel: a GEMM with a bf16 C++ type, on the CUDA cores
                  "void gemmSN_TN_kernel<float, 128, 16, 2, 4, 4, 4, true, cublasGemvTensorStrided"
                  "Batched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>>"):
-        assert not metrics.uses_tensor_cores(name), name
+        assert not kernel_names.uses_tensor_cores(name), name
 
 
 def test_nvjet_kernels_by_their_type_letters():
@@ -233,11 +233,11 @@ def test_nvjet_kernels_by_their_type_letters():
     for name in (NVJET_GEMM, NVJET_FP16_GEMM, NVJET_TF32_GEMM,
                  "nvjet_qqtst_128x256_128x6_2x1_2cta_v_bz_TNT",  # fp8 inputs
                  "nvjet_sm90_hss_320x128", "NVJET_TST_64X8_64X16_4X1_V_BZ_TNT"):
-        assert metrics.uses_tensor_cores(name), name
-        assert metrics.is_gemm(name.lower()), name
+        assert kernel_names.uses_tensor_cores(name), name
+        assert kernel_names.is_gemm(name.lower()), name
     for name in (NVJET_FP32_GEMM, "nvjet_sss_64x8_64x16_4x1_v_bz_splitK_TNT", "nvjet_sm90_sss"):
-        assert not metrics.uses_tensor_cores(name), name
-        assert metrics.is_gemm(name.lower()), name  # an FP32 GEMM: what fp32_matmul looks for
+        assert not kernel_names.uses_tensor_cores(name), name
+        assert kernel_names.is_gemm(name.lower()), name  # an FP32 GEMM: what fp32_matmul looks for
 
 
 def test_attention_kernels_with_a_16_bit_type_use_tensor_cores():
@@ -246,13 +246,13 @@ def test_attention_kernels_with_a_16_bit_type_use_tensor_cores():
                  "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90"
                  "<flash::CollectiveMainloopFwdSm90<2, cute::tuple<int, int, int>, 128, "
                  "cutlass::bfloat16_t, float, cutlass::arch::Sm90>>>>(...)"):
-        assert metrics.uses_tensor_cores(name), name
-        assert not metrics.is_gemm(name.lower()), name  # attention is not in the GEMM share
+        assert kernel_names.uses_tensor_cores(name), name
+        assert not kernel_names.is_gemm(name.lower()), name  # attention is not in the GEMM share
     for name in ("fmha_cutlassF_f32_aligned_64x64_rf_sm80",  # FP32 attention: not counted
                  "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(...)",  # no attention
                  "void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_"
                  "kernel_traits<64, 128, 128, 8, 2, 4, 2, false, false, cutlass::half_t>>(...)"):
-        assert not metrics.uses_tensor_cores(name), name
+        assert not kernel_names.uses_tensor_cores(name), name
 
 
 @pytest.mark.parametrize("kernel_name, expected_pct, fp32_verdict", [
