@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import sanity, trace
-from common.intervals import Spans, merge, union_in
+from common.intervals import Spans, concat, merge, union_in
 from common.metrics import (
     BREAKDOWN_ROLES,
     IDLE_CAUSES,
@@ -31,12 +31,20 @@ from common.metrics import (
     extend_steps,
     gpu_metrics,
     host_steps,
+    initialization,
+    initialization_warning,
     optimizer_metrics,
     runtime_step_index,
     step_breakdown_ms,
+    time_by_name,
 )
 from common.trace_columns import TraceColumns, read_trace
-from common.verdicts import findings_for
+from common.verdicts import (
+    HOST_OVERHEAD_OPERATORS_SHOWN,
+    findings_for,
+    host_starved,
+    matrix_units,
+)
 
 CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 CPU, 1 CUDA
 # (PyTorch on ROCm calls its GPU "cuda" too: torch.device("cuda"), the same device type).
@@ -46,7 +54,8 @@ CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 C
 AMD_DEVICE_MARKERS = ("AMD", "Radeon", "Instinct")
 # How the human output and the report name each idle cause (metrics.IDLE_CAUSES).
 IDLE_CAUSE_LABELS = {"dataloader": "DataLoader", "host_sync": "host syncs",
-                     "launch": "launches", "other": "other"}
+                     "before_first_op": "before the first GPU op", "launch": "launches",
+                     "other": "other"}
 
 
 def device_kind(columns, has_gpu: bool, gpu_props: dict) -> str:
@@ -130,6 +139,16 @@ def analyze(path: Path) -> Analysis:
         # torch.distributed: null for a trace of one process.
         "distributed": distributed_metrics(columns, window, n_steps, host_window=host_window),
     }
+    # A backward pass in the trace: training (else inference: no training-only advice).
+    metrics["training"] = columns.has_backward
+    # What the host does while the GPU waits for it: its operators by self time, for the
+    # host_overhead verdict's evidence (read only where that rule can fire: a self-time pass).
+    metrics["host_operators"] = None
+    if has_gpu and host_starved(metrics):
+        by_time = time_by_name(columns, window, n_steps, host_window=host_window).operators
+        metrics["host_operators"] = [
+            (name, ms) for name, (ms, _) in sorted(by_time.items(), key=lambda item: -item[1][0])
+        ][:HOST_OVERHEAD_OPERATORS_SHOWN]
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]
     breakdown = step_breakdown_ms(steps, roles)
@@ -137,7 +156,13 @@ def analyze(path: Path) -> Analysis:
     metrics["findings"] = findings_for(metrics)
     # Events the profiler wrote that cannot be true, left out of every number above, by kind.
     metrics["impossible_events"] = columns.impossible
-    metrics["warnings"] = [line for line in [sanity.warning_line(columns.impossible)] if line]
+    # A window that holds the run's start-up (module loading, context creation) is no steady
+    # state: said, not corrected (which time is start-up cannot be told apart in general).
+    metrics["initialization"] = (initialization(columns, host_window, merge(concat(
+        columns.kernels, columns.memcpy, columns.memset))) if has_gpu else None)
+    metrics["warnings"] = [line for line in (sanity.warning_line(columns.impossible),
+                                             initialization_warning(metrics["initialization"]))
+                           if line]
     return Analysis(result=metrics, steps=steps, window=window, host_window=host_window,
                     breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),
@@ -239,11 +264,13 @@ def format_human(result: dict) -> str:
                      f"({dist['comm_pct']:.1f} % of the steps)")
     gpu = result["gpu"]
     if gpu:
-        lines += [f"GPU          utilization {gpu['utilization_pct']:.1f} %, idle "
-                  f"{gpu['idle_pct']:.1f} %, H2D copies {gpu['h2d_pct']:.1f} %",
+        lines += [f"GPU          utilization {gpu['utilization_pct']:.1f} % of the steps (compute "
+                  f"kernels {gpu['compute_pct']:.1f} %, collectives with no compute beside them "
+                  f"{gpu['exposed_comm_pct']:.1f} %), H2D copies {gpu['h2d_pct']:.1f} %",
                   f"kernels      {gpu['kernels_per_step']:.0f}/step, median "
                   f"{fmt(gpu['median_kernel_us'], '.1f', ' us')}, {gpu['short_kernel_pct']:.0f} % "
-                  f"< {SHORT_KERNEL_US:.0f} us, tensor cores {gpu['tensor_core_pct']:.0f} % of "
+                  f"< {SHORT_KERNEL_US:.0f} us, {matrix_units(result)} "
+                  f"{gpu['tensor_core_pct']:.0f} % of "
                   f"kernel time and {fmt(gpu['tensor_core_gemm_pct'], '.0f', ' %')} of GEMM time "
                   f"(GEMMs {gpu['gemm_pct']:.0f} % of kernel time)",
                   f"host         {gpu['launches_per_step']:.0f} launches/step "
@@ -253,9 +280,13 @@ def format_human(result: dict) -> str:
                      "{other:.1f} other)".format(**gpu["syncs_by_cause_per_step"])
                      if gpu["syncs_per_step"] else "")]
         idle = gpu["idle_by_cause_pct"]
+        # One idle figure: the steps' (the window's), which the causes split. HTA's, over the
+        # first to the last GPU op of the whole trace, is another span: labelled as such.
         lines.append(f"GPU idle     {sum(idle.values()):.1f} % of the steps: "
                      + ", ".join(f"{IDLE_CAUSE_LABELS[cause]} {idle[cause]:.1f}"
-                                 for cause in IDLE_CAUSES))
+                                 for cause in IDLE_CAUSES)
+                     + f" (HTA's idle, from the first to the last GPU op of the trace: "
+                       f"{gpu['idle_pct']:.1f} %)")
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
                       if ms >= 0.05)
     lines.append(f"breakdown    ms per step: {parts}")

@@ -7,11 +7,20 @@ import re
 
 # --- Tensor cores, from kernel names (lowercased substrings). ---------------------------------
 # Names are all a trace gives; there is no counter for tensor-core instructions in it. Markers:
-# 884 (Volta HMMA), 1688 (Turing), 16816 (Ampere and later, also i8816), hmma/imma, CUTLASS's
-# "tensorop", Hopper's warpgroup MMA (gmma, wgmma), and tensor16x8 (cuBLAS/cuDNN tile names). The
-# TensorBoard plugin's list (from NVIDIA PyProf) has the first few and "xmma", which we do not
-# take alone: xmma kernels also run plain FP32 FFMA math.
-TENSOR_CORE_MARKERS = ("884", "1688", "16816", "hmma", "imma", "tensorop", "gmma", "tensor16x8")
+# 884 (Volta HMMA), 1688 (Turing), 16816 (Ampere and later, also i8816), hmma/imma, Hopper's
+# warpgroup MMA (gmma, wgmma), and tensor16x8 (cuBLAS/cuDNN tile names). The TensorBoard plugin's
+# list (from NVIDIA PyProf) has the first few and "xmma", which we do not take alone: xmma kernels
+# also run plain FP32 FFMA math.
+TENSOR_CORE_MARKERS = ("884", "1688", "16816", "hmma", "imma", "gmma", "tensor16x8")
+# CUTLASS's "tensorop" (its tensor-core operator class) as a word of its own: cutlass_tensorop_...,
+# cutlass_80_tensorop_bf16_s16816gemm..., cutlass3x_sm100_tensorop_gemm... Not after a letter:
+# MIOpen's element-wise kernels SubTensorOpWithScalar1d, SubTensorOpWithCastTensor1d (an operation
+# on a sub-tensor) are no matrix work. CUTLASS's own C++ type names do put letters before it
+# (cutlass::arch::OpClassTensorOp, cutlass::gemm::warp::MmaTensorOp, RowMajorTensorOpMultiplicand...
+# in templated kernel names); inside a name that says "cutlass" any "tensorop" counts, as before.
+TENSOROP_PATTERN = re.compile(r"(?<![a-z])tensorop")
+TENSOROP_MARKER = "tensorop"
+CUTLASS_MARKER = "cutlass"
 # cuBLAS's nvjet kernels (Hopper on) name their types after "nvjet_" (after "nvjet_sm90_" in some
 # builds), one BLAS letter each, before the first "_": nvjet_tst_... (bf16 in and out, FP32
 # accumulate), nvjet_hsh_... (fp16), nvjet_qqtst_... (fp8 in), nvjet_sss_... (FP32). Names seen
@@ -24,44 +33,153 @@ NVJET_PATTERN = re.compile(r"nvjet_(?:sm\d+_)?(?P<types>[a-z]+)(?:_|$)")
 NVJET_FP32_TYPES = re.compile(r"s+")  # fullmatch on the types: FP32 in, compute and out
 TF32_MARKER = "tf32"
 # A GEMM (or implicit-GEMM convolution) whose name states a tensor-core input type also runs on
-# tensor cores (cuBLAS "sm80_xmma_gemm_bf16bf16_...", cuDNN "..._implicit_gemm_tf32f32_..."). Only
-# these compact tags: C++ type names (__nv_bfloat16, __half) also appear in cuBLAS's small gemv and
-# gemmSN kernels, which run on the CUDA cores.
-TENSOR_CORE_TYPES = ("tf32", "bf16", "f16", "fp16", "e4m3", "e5m2", "fp8", "int8")
+# tensor cores (cuBLAS "sm80_xmma_gemm_bf16bf16_...", cuDNN "..._implicit_gemm_tf32f32_...",
+# Triton's "_matmul_ogs_NNT_bf16xbf16xmxfp4_..."). Only these compact tags: C++ type names
+# (__nv_bfloat16, __half) also appear in cuBLAS's small gemv and gemmSN kernels, which run on the
+# CUDA cores. fp4/e2m1: FP4 (NVFP4, MXFP4) operands, Blackwell's and Triton's names for them.
+TENSOR_CORE_TYPES = ("tf32", "bf16", "f16", "fp16", "e4m3", "e5m2", "fp8", "int8", "fp4", "e2m1")
 # ...unless the name says it uses the CUDA cores: FFMA (fused multiply-add) or SIMT tiles.
 CUDA_CORE_MARKERS = ("ffma", "simt")
-# Attention kernels: FlashAttention 2 (flash_fwd_kernel, flash_bwd_dq_dk_dv_..., PyTorch's
-# pytorch_flash::), FlashAttention 3 (flash::FlashAttnFwdSm90) and CUTLASS memory-efficient
-# attention (fmha_cutlassF_bf16_...). Their MMAs run on tensor cores for 16-bit (and 8-bit) inputs,
-# which they name as C++ types (cutlass::bfloat16_t, cutlass::half_t) or tags (bf16, f16). Their
-# FP32 variants (fmha_cutlassF_f32_...) are not counted. Not matched: "flash" alone (flashinfer's
-# RMSNorm is no attention), and FlashAttention's two small non-MMA backward kernels.
-ATTENTION_PATTERN = re.compile(r"flash_?attn|flash_(?:fwd|bwd)|fmha")
-ATTENTION_NON_MMA_MARKERS = ("dot_do_o", "convert_dq")  # flash_bwd_dot_do_o_kernel, ..._convert_dq_
+
+# --- AMD Tensile / hipBLASLt GEMMs (rocBLAS, hipBLASLt: PyTorch's matmuls on ROCm). ----------
+# A Tensile kernel is named after its problem in index notation, C = A.B with free indices i, j,
+# batch k and summed index l: Cijk_Ailk_Bljk_ (NN), Cijk_Alik_Bljk_ (TN), Cijk_Ailk_Bjlk_ (NT)...
+# The next "_"-separated token starts with the input type in Tensile's DataType characters
+# (Tensile/DataType.py): S single (FP32), D double, C/Z complex, I int32, H half, B bfloat16,
+# X xfloat32 (MI300's TF32-like MFMA input), I8 int8, 4xi8 (int8x4), F8, B8, F8B8, B8F8 (8-bit
+# floats); then the output and compute types (HHS: half in, half out, single compute; SB: single,
+# "B" for beta). hipBLASLt splits that token: Cijk_Alik_Bljk_B_BS_BH_... (bf16 in), Cijk_Ailk_Bljk
+# _S_B_... (FP32 in). A kernel on the matrix cores names its MFMA instruction MI<m>x<n>x<b> (MI16x16
+# x1, MI32x32x1; older Tensile MI<m>x<n>x<k>x<b>, MI32x32x2x1); one without is plain VALU math.
+# It counts as tensor/matrix-core work when its input is 16- or 8-bit (or xfloat32, the TF32 of
+# MI300, as tf32 counts on NVIDIA) AND it names an MFMA: an FP32 or FP64 input on the matrix cores
+# (Cijk_..._SB_..._MI16x16x1) is still FP32 math, what the fp32_matmul verdict is about. "F"/"B"
+# with any digit is read as a narrow float too (F8, B8; F6, F4 by the same pattern, unseen).
+# Limits: the scheme is read from Tensile's source and from traces, not from a documented spec.
+TENSILE_PREFIX = "cijk_"
+TENSILE_PATTERN = re.compile(r"cijk_a[a-z]+_b[a-z]+_(?P<types>[a-z0-9]+)")  # match at the start
+TENSILE_MATRIX_CORE_INPUTS = re.compile(r"4xi8|i8|[fb]\d|[hbx]")  # match at the types' start
+TENSILE_MFMA_PATTERN = re.compile(r"_mi\d+x\d+x\d+(?:x\d+)?(?:_|$)")
+
+# --- TensorRT-LLM's trtllm-gen batched GEMMs (Blackwell: sm100a/sm100f cubins, in TensorRT-LLM,
+# FlashInfer and vLLM MoE layers). Named bmm_<C type>_<A type><B type>_[cast<T>_]<accumulator
+# type>_t<tile>_...: bmm_E4m3_E4m3E4m3_Fp32_t128x128x128u2_s3_..., bmm_Bfloat16_E2m1E2m1_Fp32_...,
+# bmm_MxE4m3_MxE2m1MxE4m3_Fp32_..., bmm_Bfloat16_MxInt4Bfloat16_castBfloat16_Fp32_... Types are
+# CamelCase words: E4m3, E5m2, E2m1 (FP4), Mx... (block-scaled), MxInt4, Bfloat16, Fp16, Fp32. Not
+# documented; read from TensorRT-LLM's kernel lists and public profiles. They run on the tensor
+# cores unless both inputs are Fp32. A name starting bmm_ whose next token is no such type
+# (Triton's bmm_kernel) is a GEMM that goes by the type tags above.
+TRTLLM_BMM_PREFIX = "bmm_"
+_TRTLLM_TYPE = r"(?:mx)?(?:u?e\d+m\d+|u?int\d+|bfloat16|fp\d+|tf32)"
+TRTLLM_BMM_PATTERN = re.compile(rf"bmm_{_TRTLLM_TYPE}_(?P<inputs>(?:{_TRTLLM_TYPE})+)_")
+TRTLLM_FP32_INPUTS = re.compile(r"(?:fp32)+")  # fullmatch on the inputs: FP32 math
+
+# --- Triton matmuls. Triton names a kernel after its Python function: the tutorial's
+# matmul_kernel (and its _persistent, _tma variants), OpenAI's triton_kernels _matmul_ogs_<layout>
+# _<types>_... and _p_matmul_ogs_... (vLLM's MoE on AMD), FBGEMM's _kernel_matmul_fp8_row... Not:
+# triton_kernels' _finalize_matmul... (the scatter and sum after matmul_ogs, no dot product).
+# Tensor cores by the type tags above. Most Triton names state no type: those count on tensor
+# cores (as typeless nvjet names do) unless they say f32, so that fp32_matmul never fires on a
+# guess: a BF16 model compiled with max-autotune would otherwise be told to use BF16. Limit: an
+# FP32 model's typeless Triton matmuls are not caught as FP32 math.
+MATMUL_MARKER = "matmul"
+FP32_TAGS = ("fp32", "f32")
+MATMUL_NON_GEMM_MARKERS = ("finalize_matmul",)
+# TorchInductor's template kernels (max-autotune) are named triton_tem_fused_<the aten ops they
+# came from>_<n>: triton_tem_fused_mm_0, triton_tem_fused_addmm_relu_1, triton_tem_fused_bmm_2,
+# triton_tem_fused__scaled_mm_3, triton_tem_fused_convolution_4 (Inductor's conv template, a
+# tl.dot implicit GEMM). A template with one of these ops as a "_"-separated word is a GEMM; words,
+# never substrings ("comm", "summ"). Only templates: Inductor's pointwise and reduction kernels
+# carry the ops they were fused from (triton_poi_fused_addmm_relu_0 is the bias and ReLU after a
+# cuBLAS GEMM). Limits: templates named without their ops (descriptive_names off:
+# triton_tem_fused_0) are not recognised; their names carry no type.
+INDUCTOR_TEMPLATE_PREFIX = "triton_tem_"
+INDUCTOR_GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "convolution"})
+
+# --- AMD Composable Kernel (CK) XDL kernels: CK's kernels on the matrix cores (MFMA, "xdlops")
+# say xdl: ck::kernel_gemm_xdl_cshuffle_v3<...>, kernel_grouped_conv_fwd_xdl_cshuffle_v3<...>
+# (an implicit-GEMM convolution), DeviceGemmXdl...; also MIOpen's ..._xdlops kernels. CK builds
+# FP32 xdl kernels too, so they count when the name states a 16- or 8-bit type: the tags above
+# (ck_tile's mangled DF16_ / DF16b hold "f16") or CK's C++ types as a demangled name writes them:
+# ck::half_t, ck::bhalf_t, ck::f8_t, ck::bf8_t, ck::f8_fnuz_t, ck::f8_ocp_t, or resolved: _Float16,
+# __bf16, unsigned short (CK's bhalf_t), _BitInt(8), signed char / int8_t. Limits: a mangled name's
+# one-letter types (..._v3INS_...ColumnMajorES7_ttftt..., t: unsigned short, CK's bf16) are not
+# read, so such a kernel is a GEMM off the matrix cores here.
+XDL_MARKER = "xdl"
+CK_TENSOR_CORE_TYPES = ("half_t", "_float16", "__bf16", "unsigned short", "f8_t", "f8_fnuz_t",
+                        "f8_ocp_t", "_bitint(8)", "signed char", "int8_t")
+
+# --- Attention kernels: FlashAttention 2 (flash_fwd_kernel, flash_bwd_dq_dk_dv_..., PyTorch's
+# pytorch_flash::), FlashAttention 3 (flash::FlashAttnFwdSm90), CUTLASS memory-efficient
+# attention (fmha_cutlassF_bf16_...), AOTriton's attn_fwd (PyTorch's SDPA on ROCm), Triton's
+# tutorial _attn_fwd/_attn_bwd, vLLM's Triton kernel_unified_attention_2d/_3d and paged_attention
+# kernels. Their MMAs run on tensor cores for 16-bit (and 8-bit) inputs, which they name as C++
+# types (cutlass::bfloat16_t, cutlass::half_t) or tags (bf16, f16). Their FP32 variants
+# (fmha_cutlassF_f32_...) and names with no type (attn_fwd, kernel_unified_attention_2d) are not
+# counted. Not matched: "flash" alone (flashinfer's RMSNorm is no attention), and the small non-MMA
+# backward kernels (FlashAttention's dot_do_o and convert_dq, Triton's _attn_bwd_preprocess).
+# None of these names holds a GEMM marker, so attention stays out of the GEMM share (a fused
+# attention named as GEMMs, CK's kernel_batched_gemm_softmax_gemm_xdl..., does count as one).
+ATTENTION_PATTERN = re.compile(
+    r"flash_?attn|flash_(?:fwd|bwd)|fmha|attn_(?:fwd|bwd)|unified_attention|paged_attention")
+ATTENTION_NON_MMA_MARKERS = ("dot_do_o", "convert_dq", "bwd_preprocess")
 ATTENTION_TENSOR_CORE_TYPES = ("bfloat16", "half", "bf16", "f16", "fp16", "e4m3", "e5m2", "fp8")
-# GEMM-like kernels: cuBLAS/CUTLASS GEMMs (sgemm, hgemm, s16816gemm, xmma_gemm), cuDNN
-# implicit-GEMM convolutions, Hopper gmma and nvjet kernels. Limits: direct convolutions, FFTs,
-# attention and hand-written kernels are not recognised; a future naming scheme needs a new marker.
-GEMM_MARKERS = ("gemm", "gmma", "nvjet")
+# vLLM's paged_attention_v1/v2_kernel<__nv_bfloat16, ...> do their dot products with FMAs on the
+# CUDA cores whatever the type; its ROCm kernels on the matrix cores name their instruction
+# (paged_attention_ll4mi_QKV_mfma16_kernel). A paged_attention name counts only with "mfma".
+PAGED_ATTENTION_MARKER = "paged_attention"
+MFMA_MARKER = "mfma"
+
+# --- GEMM-like kernels: cuBLAS/CUTLASS GEMMs (sgemm, hgemm, s16816gemm, xmma_gemm), cuDNN and
+# MIOpen implicit-GEMM convolutions (igemm_...), Hopper gmma and nvjet kernels, CK xdl kernels;
+# and, above, Tensile's Cijk_, trtllm-gen's bmm_, Triton matmuls and Inductor's mm templates.
+# Limits: direct convolutions, FFTs, attention and hand-written kernels are not recognised; a
+# future naming scheme needs a new marker.
+GEMM_MARKERS = ("gemm", "gmma", "nvjet", XDL_MARKER)
 
 
 def is_gemm(name: str) -> bool:
-    return any(marker in name for marker in GEMM_MARKERS)
+    """name lowercased."""
+    if any(marker in name for marker in GEMM_MARKERS):
+        return True
+    if name.startswith((TENSILE_PREFIX, TRTLLM_BMM_PREFIX)):
+        return True
+    if MATMUL_MARKER in name and not any(marker in name for marker in MATMUL_NON_GEMM_MARKERS):
+        return True
+    return INDUCTOR_TEMPLATE_PREFIX in name and not INDUCTOR_GEMM_OPS.isdisjoint(name.split("_"))
 
 
 def uses_tensor_cores(name: str) -> bool:
     """From the kernel's name alone; see TENSOR_CORE_MARKERS and what follows it for the lists
     and their limits."""
     lowered = name.lower()
+    tensile = TENSILE_PATTERN.match(lowered)
+    if tensile:  # the input type and the MFMA decide, nothing else in these long names
+        return bool(TENSILE_MATRIX_CORE_INPUTS.match(tensile["types"])
+                    and TENSILE_MFMA_PATTERN.search(lowered))
+    trtllm = TRTLLM_BMM_PATTERN.match(lowered)
+    if trtllm:
+        return not TRTLLM_FP32_INPUTS.fullmatch(trtllm["inputs"])
     if any(marker in lowered for marker in CUDA_CORE_MARKERS):
         return False
     if any(marker in lowered for marker in TENSOR_CORE_MARKERS):
+        return True
+    if TENSOROP_PATTERN.search(lowered) or (TENSOROP_MARKER in lowered
+                                            and CUTLASS_MARKER in lowered):
         return True
     if NVJET_MARKER in lowered:  # the type letters decide, not the type tags below
         nvjet = NVJET_PATTERN.search(lowered)
         fp32 = bool(nvjet) and bool(NVJET_FP32_TYPES.fullmatch(nvjet["types"]))
         return not fp32 or TF32_MARKER in lowered
     if ATTENTION_PATTERN.search(lowered):
+        if PAGED_ATTENTION_MARKER in lowered and MFMA_MARKER not in lowered:
+            return False
         return (not any(marker in lowered for marker in ATTENTION_NON_MMA_MARKERS)
                 and any(kind in lowered for kind in ATTENTION_TENSOR_CORE_TYPES))
-    return is_gemm(lowered) and any(kind in lowered for kind in TENSOR_CORE_TYPES)
+    if not is_gemm(lowered):
+        return False
+    kinds = TENSOR_CORE_TYPES + (CK_TENSOR_CORE_TYPES if XDL_MARKER in lowered else ())
+    if any(kind in lowered for kind in kinds):
+        return True
+    triton = MATMUL_MARKER in lowered or lowered.startswith(INDUCTOR_TEMPLATE_PREFIX)
+    return triton and not any(tag in lowered for tag in FP32_TAGS)  # no type: not FP32 by guess

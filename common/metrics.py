@@ -10,10 +10,10 @@ from common.intervals import Spans, clip, concat, covered_length, merge, total, 
 from common.kernel_names import is_gemm, uses_tensor_cores
 from common.syncs import gap_of, host_syncs, step_index, sync_metrics
 from common.trace_columns import (
-    NCCL_KERNEL_PREFIXES,
     OPTIMIZER_REGION,
     ROLE_REGION,
     TraceColumns,
+    is_collective_kernel,
     name_role,
 )
 
@@ -257,13 +257,20 @@ def attention_metrics(columns: TraceColumns, host_window: tuple[float, float],
 
 # --- torch.distributed. -----------------------------------------------------------------------
 
+def collective_kernels(columns: TraceColumns) -> np.ndarray:
+    """For each kernel, whether it is a collective's (is_collective_kernel, once per name)."""
+    comm = np.array([is_collective_kernel(name) for name in columns.kernel_name_table], bool)
+    return comm[columns.kernel_name_id] if comm.size else np.zeros(0, bool)
+
+
 def distributed_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
                         host_window: tuple[float, float]) -> dict | None:
     """For a rank's trace (distributedInfo, or collectives in it): its backend, rank and world
     size; collectives per step (the "<backend>:<collective>" spans starting in the host window,
     or the c10d::* operators where a trace has no such spans); their time per step and share of
-    the window: the union of NCCL kernels where the GPU ran them (in the window, which follows
-    the GPU), else of the collective spans (in the host window, where the CPU ran them).
+    the window: the union of collective kernels (is_collective_kernel) where the GPU ran them (in
+    the window, which follows the GPU), else of the collective spans (in the host window, where
+    the CPU ran them).
     None for a trace of one process."""
     info = columns.distributed_info or {}
     calls = columns.collective_spans if columns.collective_spans.size else columns.collective_ops
@@ -271,62 +278,145 @@ def distributed_metrics(columns: TraceColumns, window: tuple[float, float], n_st
         return None
     host_low, host_high = host_window
     kernels = columns.kernels
-    nccl = np.array([name.startswith(NCCL_KERNEL_PREFIXES)
-                     for name in columns.kernel_name_table], dtype=bool)
-    nccl_kernels = nccl[columns.kernel_name_id] if nccl.size else np.zeros(0, bool)
-    if nccl_kernels.any():
-        collective_us = union_in(Spans(kernels.start[nccl_kernels], kernels.end[nccl_kernels]),
-                                 *window)
+    comm = collective_kernels(columns)
+    if comm.any():
+        collective_us = union_in(Spans(kernels.start[comm], kernels.end[comm]), *window)
     else:
         collective_us = union_in(calls, host_low, host_high)
     low, high = window
     in_window = (calls.start >= host_low) & (calls.start < host_high)
-    # Gradient accumulation: DDP forwards (micro-batches) in the host window, and how many of them
-    # are followed by collectives before the next one (or the window's end): with no_sync, one a
-    # step.
-    forwards = columns.ddp_forwards.start
-    forwards = forwards[(forwards >= host_low) & (forwards < host_high)]
-    until = np.r_[forwards[1:], host_high]
-    call_starts = np.sort(calls.start[in_window])
-    synced = (np.searchsorted(call_starts, until, side="left")
-              > np.searchsorted(call_starts, forwards, side="left"))
+    forwards, synced = synced_micro_batches(columns, host_window)
     return {"backend": info.get("backend"), "rank": info.get("rank"),
             "world_size": info.get("world_size"),
             "collectives_per_step": float(in_window.sum()) / n_steps,
             "collective_ms_per_step": collective_us / US_PER_MS / n_steps,
             "comm_pct": 100.0 * collective_us / (high - low) if high > low else 0.0,
-            "ddp_forwards_per_step": float(forwards.size) / n_steps,
-            "synced_forwards_per_step": float(synced.sum()) / n_steps}
+            "ddp_forwards_per_step": float(forwards) / n_steps,
+            "synced_forwards_per_step": float(synced) / n_steps}
+
+
+def outermost(spans: Spans, thread: np.ndarray) -> np.ndarray:
+    """Which spans no other span on their thread holds (spans sorted by start)."""
+    keep = np.ones(spans.size, bool)
+    reach: dict[int, float] = {}  # each thread's latest end so far
+    for i, (start, end, tid) in enumerate(zip(spans.start.tolist(), spans.end.tolist(),
+                                              thread.tolist())):
+        if start < reach.get(tid, -np.inf):
+            keep[i] = False
+        reach[tid] = max(reach.get(tid, -np.inf), end)
+    return keep
+
+
+def synced_micro_batches(columns: TraceColumns, host_window: tuple[float, float]
+                         ) -> tuple[int, int]:
+    """Gradient accumulation, in the host window: the micro-batches (outermost DDP forwards per
+    thread: a DDP module nested in another runs inside its forward) and how many of them are
+    followed, before the next (or the window's end), by gradient collectives of one same bucket
+    layout (the most common multiset of sizes; sizes unknown count as one layout). Without
+    no_sync every micro-batch all-reduces every bucket; with it, only the last of a step does."""
+    low, high = host_window
+    spans = columns.ddp_forwards
+    inside = (spans.start >= low) & (spans.start < high)
+    keep = outermost(Spans(spans.start[inside], spans.end[inside]),
+                     columns.ddp_forward_thread[inside])
+    forwards = spans.start[inside][keep]
+    if not forwards.size:
+        return 0, 0
+    starts, sizes = columns.gradient_collective_start, columns.gradient_collective_size
+    order = np.argsort(starts, kind="stable")
+    starts, sizes = starts[order], sizes[order]
+    first = np.searchsorted(starts, forwards, side="left")
+    last = np.searchsorted(starts, np.r_[forwards[1:], high], side="left")
+    layouts = [tuple(sorted(np.nan_to_num(sizes[a:b], nan=-1.0).tolist()))
+               for a, b in zip(first.tolist(), last.tolist()) if b > a]
+    if not layouts:
+        return int(forwards.size), 0
+    return int(forwards.size), max(layouts.count(layout) for layout in set(layouts))
+
+
+# --- Initialization in the window. ---------------------------------------------------------------
+# A launch call takes microseconds, or blocks while a busy GPU drains a full launch queue (45 ms
+# at most in the committed H100 traces, the GPU busy throughout). A long launch call while the
+# GPU is idle waits for nothing on the GPU: the driver loads the kernel's module on first use
+# (lazy loading) or creates the context. One module takes milliseconds (10 ms in the H100
+# padding_waste/bad trace, whose random batch shapes pick new GEMM kernels as it runs: part of
+# that workload's steady state); creating the context and loading a library's modules take
+# hundreds of milliseconds to seconds: start-up, not steady state (3,056 ms, the second launch
+# of the shared A100 AlexNet trace, recorded without a warm-up).
+INIT_LAUNCH_MIN_MS = 100.0  # ms: a launch call at least this long...
+INIT_LAUNCH_GPU_BUSY_MAX = 0.5  # ...with the GPU busy less than this share of it
+
+
+def initialization(columns: TraceColumns, host_window: tuple[float, float],
+                   busy: Spans) -> dict | None:
+    """{"launch_index": k (1-based, in the host window), "launch_ms", "median_launch_us"} of the
+    longest launch call of INIT_LAUNCH_MIN_MS or more during which the GPU (`busy`: merged GPU
+    work) was busy less than INIT_LAUNCH_GPU_BUSY_MAX of the time; None without one."""
+    low, high = host_window
+    calls = columns.runtime_is_launch & (columns.runtime.start >= low) & (
+        columns.runtime.start < high)
+    start, end = columns.runtime.start[calls], columns.runtime.end[calls]
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    duration = end - start
+    idle_wait = (duration >= INIT_LAUNCH_MIN_MS * US_PER_MS) & (
+        covered_length(busy, start, end) < INIT_LAUNCH_GPU_BUSY_MAX * duration)
+    if not idle_wait.any():
+        return None
+    k = int(np.argmax(np.where(idle_wait, duration, -1.0)))
+    return {"launch_index": k + 1, "launch_ms": float(duration[k]) / US_PER_MS,
+            "median_launch_us": float(np.median(duration))}
+
+
+def initialization_warning(found: dict | None) -> str | None:
+    if not found:
+        return None
+    return (f"the window holds initialization, not steady state: launch call "
+            f"{found['launch_index']} took {found['launch_ms']:.0f} ms (median "
+            f"{found['median_launch_us']:.1f} us), lazy module loading or context creation; "
+            f"record later steps (torch.profiler.schedule with wait/warmup) for steady-state "
+            f"numbers")
 
 
 # --- Why the GPU is idle. ----------------------------------------------------------------------
 
-IDLE_CAUSES = ("dataloader", "host_sync", "launch", "other")
+IDLE_CAUSES = ("dataloader", "host_sync", "before_first_op", "launch", "other")
 # Holistic Trace Analysis splits idle time into host wait (the CPU does not enqueue kernels fast
 # enough), kernel wait (short gaps between kernels enqueued in time) and other; AMD's TraceLens
 # splits GPU time into computation, exposed communication, exposed memcpy and idle, and names
 # launch overhead, syncs and pipeline bubbles as idle's causes. Ours, per idle instant, the first
 # that holds:
-#   dataloader  a DataLoader __next__ span is open: the host is fetching the next batch.
-#   host_sync   the rest of a gap a host sync returns in: the GPU drained its queue for the host
-#               (the gaps gpu.sync_idle_pct counts).
-#   launch      the rest of a gap whose next GPU op's launch call ended after the gap began (of
-#               several ops that start together, the first enqueued): the GPU ran dry before the
-#               host enqueued more (Python, dispatch, launch calls: HTA's host wait).
-#   other       the rest: work enqueued in time that starts late (HTA's kernel wait, waits on
-#               other streams or events), a GPU op with no launch call in the trace, and the idle
-#               tail after the last GPU op.
+#   dataloader       a DataLoader __next__ span is open: the host is fetching the next batch.
+#   host_sync        the rest of a gap a host sync returns in: the GPU drained its queue for the
+#                    host (the gaps gpu.sync_idle_pct counts).
+#   before_first_op  the rest of the gap that opens the window, before the GPU's first op in it:
+#                    on a trace without ProfilerStep the window opens at the first CPU op, and
+#                    the GPU has nothing to do until the host has started (a graph replay's
+#                    set-up, say); no launch of the steady state is late there.
+#   launch           the part of a gap from its start until the moment the op that ends it was
+#                    enqueued (of several ops that start together, the first enqueued): the GPU
+#                    ran dry before the host enqueued more (Python, dispatch, launch calls: HTA's
+#                    host wait). An op is enqueued when its launch call returns, or earlier: when
+#                    the first op of the same launch (same correlation id: a CUDA graph's
+#                    kernels) starts, or when it starts itself.
+#   other            the rest: the part of a gap after its op was enqueued (HTA's kernel wait,
+#                    waits on other streams or events, dependencies inside a CUDA graph), a GPU
+#                    op with no launch call in the trace, and the idle tail after the last op.
 
 
-def launch_ends(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
-    """Every GPU op (kernel, copy, memset) sorted by start, and when the runtime call that
-    launched each one ended (NaN: no runtime call in the trace with its correlation)."""
+def enqueue_times(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
+    """Every GPU op (kernel, copy, memset) sorted by start, and when it was enqueued at the
+    latest (NaN: no runtime call in the trace with its correlation): the end of the runtime call
+    that launched it, or the start of the first op that call launched, or its own start."""
     gpu, correlation = gpu_ops(columns)
     order = np.argsort(gpu.start, kind="stable")
-    gpu, call = Spans(gpu.start[order], gpu.end[order]), launching_call(columns, correlation[order])
+    gpu, correlation = Spans(gpu.start[order], gpu.end[order]), correlation[order]
+    call = launching_call(columns, correlation)
     launched = np.full(gpu.size, np.nan)
     launched[call >= 0] = columns.runtime.end[call[call >= 0]]
-    return gpu, launched
+    # Sorted by start, the first op of each correlation id is the first it launched to start.
+    _, first, group = np.unique(correlation, return_index=True, return_inverse=True)
+    return gpu, np.minimum(launched, gpu.start[first][group])  # NaN stays NaN
 
 
 def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, float],
@@ -344,27 +434,37 @@ def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, f
     start, end = np.maximum(gap_start, low), np.minimum(gap_end, high)
     length = (end - start).clip(min=0)
     end = np.maximum(end, start)
-    dataloader = covered_length(merge(columns.dataloader), start, end)
+    loader = merge(columns.dataloader)
+    dataloader = covered_length(loader, start, end)
     rest = length - dataloader
 
     synced = np.zeros(length.size, bool)
     k = gap_of(sync_ends[(sync_ends >= low) & (sync_ends <= high)], busy)
     synced[k[k >= 0]] = True
-    late = np.zeros(length.size, bool)
+    # The gap the window opens in, if the GPU is idle then: the first that reaches into it.
+    opening = np.zeros(length.size, bool)
+    reaching = np.flatnonzero(gap_end > low)
+    if reaching.size and gap_start[reaching[0]] <= low:
+        opening[reaching[0]] = True
+    until = start.copy()  # each gap's launch part runs from its start to `until`
     if busy.size:
-        gpu, launched = launch_ends(columns)
+        gpu, enqueued = enqueue_times(columns)
         # The ops that open busy interval k start at its start (on several streams at once, at
-        # times): the gap is the host's if the first of them to be enqueued came after it began.
+        # times): the first of them to be enqueued decides.
         first = np.searchsorted(gpu.start, busy.start, side="left")
         after = np.searchsorted(gpu.start, busy.start, side="right")  # first > its start
-        known = np.r_[np.where(np.isnan(launched), np.inf, launched), np.inf]  # inf: unknown
+        known = np.r_[np.where(np.isnan(enqueued), np.inf, enqueued), np.inf]  # inf: unknown
         # min over each [first, after) range: reduceat over the ranges and the runs between them
         earliest = np.minimum.reduceat(known, np.column_stack([first, after]).ravel())[::2]
-        late[:-1] = np.isfinite(earliest) & (earliest > gap_start[:-1])
+        until[:-1] = np.where(np.isfinite(earliest),  # unknown: no launch part
+                              np.clip(earliest, start[:-1], end[:-1]), start[:-1])
+    launch = (until - start) - covered_length(loader, start, until)
+    plain = ~synced & ~opening
     result["dataloader"] = float(dataloader.sum())
     result["host_sync"] = float(rest[synced].sum())
-    result["launch"] = float(rest[~synced & late].sum())
-    result["other"] = float(rest[~synced & ~late].sum())
+    result["before_first_op"] = float(rest[~synced & opening].sum())
+    result["launch"] = float(launch[plain].sum())
+    result["other"] = float((rest - launch)[plain].sum())
     return {cause: 100.0 * us / span for cause, us in result.items()}
 
 
@@ -401,11 +501,18 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         return 100.0 * part / whole if whole > 0 else 0.0
 
     kernel_busy = union_in(kernels, low, high)
+    # Communication: kernels that are not collectives are compute; collective time with no
+    # compute kernel beside it is exposed (TraceLens's "exposed communication"): the union of all
+    # kernels less that of the compute kernels.
+    compute = ~collective_kernels(columns)
+    compute_busy = union_in(Spans(kernels.start[compute], kernels.end[compute]), low, high)
     # Copy time with no kernel running beside it: what the step waits for. A copy on a side
     # stream under the compute stream's kernels (dataloader_workers/fixed on a GPU) costs nothing.
     h2d_exposed = union_in(concat(kernels, h2d), low, high) - kernel_busy
     return {
         "utilization_pct": share(kernel_busy, span),
+        "compute_pct": share(compute_busy, span),
+        "exposed_comm_pct": share(kernel_busy - compute_busy, span),
         "idle_pct": 100.0 - share(total(busy), gpu_span) if gpu_span > 0 else 0.0,
         "kernels_per_step": duration.size / n_steps,
         "median_kernel_us": float(np.median(duration)) if duration.size else None,

@@ -94,6 +94,7 @@ def breakdown_figure(analyses: dict[str, analyze.Analysis], title: str):
 
 
 IDLE_COLORS = {"busy": "#2e7d32", "dataloader": "#c62828", "host_sync": "#ef6c00",
+               "before_first_op": "#90caf9",
                "launch": "#6a1b9a", "other": "#bdbdbd"}
 
 

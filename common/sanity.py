@@ -57,8 +57,8 @@ def span_verdict(start: np.ndarray, end: np.ndarray, median_start: float) -> dic
 
 def drop_impossible(arrays: dict, named_spans: list, timed_points: list[list]) -> dict[str, int]:
     """Remove impossible events from the reader's columns (arrays: key -> list of pieces),
-    its named CPU spans ((name, start, end, pid) tuples) and its timed points ((ts, value)
-    lists: layer batches, softmaxes), in place. Returns the count of each kind removed."""
+    its named CPU spans ((name, start, end, pid) tuples) and its timed points (tuples with the
+    ts first: layer batches, softmaxes, collective calls), in place. Returns the count of each kind removed."""
     starts = [joined(arrays, f"{group}_start") for group in SPAN_GROUPS]
     points = [joined(arrays, f"{group}_ts") for group in INSTANT_GROUPS]
     every_start = np.concatenate([s for s in starts + points if s is not None]
@@ -84,9 +84,8 @@ def drop_impossible(arrays: dict, named_spans: list, timed_points: list[list]) -
         for kind, mask in masks.items():
             found[kind] += int(mask.sum())
         named_spans[:] = [span for span, drop in zip(named_spans, bad) if not drop]
-    for kept in timed_points:  # layer batches, softmaxes: their ts only
-        kept[:] = [(ts, value) for ts, value in kept
-                   if abs(ts - median_start) <= MAX_RECORDING_US]
+    for kept in timed_points:  # layer batches, softmaxes, collective calls: their ts first
+        kept[:] = [point for point in kept if abs(point[0] - median_start) <= MAX_RECORDING_US]
     return found
 
 

@@ -70,10 +70,26 @@ LINEAR_OPS = ("aten::linear",)
 # NCCL's kernels (ncclKernel_AllReduce_..., ncclDevKernel_... in NCCL 2.19 on).
 COLLECTIVE_SPAN_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:")
 COLLECTIVE_OP_PREFIX = "c10d::"
-NCCL_KERNEL_PREFIXES = ("ncclKernel", "ncclDevKernel")
+# Collective kernels, the GPU's side of communication (lowercased, searched): NCCL's
+# (ncclKernel_..., ncclDevKernel_... from NCCL 2.19; RCCL on ROCm names its kernels the same),
+# PyTorch's symmetric-memory and intra-node collectives (symm_mem, c10d::symmetric_memory::...,
+# c10d::intra_node_comm::...), DeepEP's MoE dispatch and combine (deep_ep::...), vLLM's custom
+# all-reduce (cross_device_reduce_1stage/2stage) and MSCCL++ (mscclpp). A reduction inside one GPU (cub::DeviceReduce, a block reduction) carries
+# none of these. Limit: a library that names its collectives otherwise is read as compute.
+COLLECTIVE_KERNEL_PATTERN = re.compile(
+    r"^(?:void )?(?:nccl|rccl)|symm_mem|symmetric_memory|intra_node_comm|deep_ep"
+    r"|cross_device_reduce|mscclpp")
+# A backward pass: autograd's nodes (AddmmBackward0, autograd::engine::evaluate_function: ...)
+# or our "backward" region. Without one the trace is inference: no training-only advice.
+BACKWARD_MARKER = "Backward"
 # DistributedDataParallel records each forward call under this name (torch/nn/parallel/
 # distributed.py): one per micro-batch, which tells how many backward passes a step holds.
 DDP_FORWARD = "DistributedDataParallel.forward"
+# The collectives that synchronise gradients (DDP's bucket all-reduces, FSDP's reduce-scatters):
+# "<backend>:all_reduce", "nccl:reduce_scatter", "nccl:_reduce_scatter_base", c10d::allreduce_,
+# c10d::reduce_scatter_ ... Not all_to_all (an embedding's exchange in the forward) nor
+# all_gather/broadcast (parameters, not gradients).
+GRADIENT_COLLECTIVE = re.compile(r"all_?reduce|reduce_?scatter")
 # Softmax calls (with record_shapes): attention written by hand runs one over a [..., s, s] score
 # matrix; its "Input Dims" give s (softmax_rows).
 SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
@@ -164,9 +180,15 @@ class TraceColumns:
     collective_ops: Spans = field(default_factory=Spans.empty)
     gpu_optimizer: Spans = field(default_factory=Spans.empty)  # GPU_REGION_CATEGORY's optimizer
     ddp_forwards: Spans = field(default_factory=Spans.empty)  # DDP_FORWARD spans, sorted
+    ddp_forward_thread: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # Gradient collectives (GRADIENT_COLLECTIVE; the backend's spans, else the c10d::* operators):
+    # start (µs) and size in elements (the first "Input Dims", record_shapes; NaN unknown).
+    gradient_collective_start: np.ndarray = field(default_factory=lambda: np.empty(0))
+    gradient_collective_size: np.ndarray = field(default_factory=lambda: np.empty(0))
     # Impossible events left out of every column above, by kind (common/sanity.py): all zero for
     # a sound trace.
     impossible: dict = field(default_factory=dict)
+    has_backward: bool = False  # a CPU span of a backward pass (BACKWARD_MARKER, the region)
 
 
 # --- Reading the events. ----------------------------------------------------------------------
@@ -222,6 +244,10 @@ def correlations(events: list) -> np.ndarray:
  ROLE_COLLECTIVE) = range(7)
 
 
+def is_collective_kernel(name: str) -> bool:
+    return bool(COLLECTIVE_KERNEL_PATTERN.search(name.lower()))
+
+
 def name_role(name: str) -> int:
     if name.startswith(trace.STEP_PREFIX):
         return ROLE_STEP
@@ -249,6 +275,18 @@ def square_softmax_side(input_dims) -> int | None:
     return shape[-1] if shape[-1] == shape[-2] else None
 
 
+def collective_elements(input_dims) -> int | None:
+    """Elements a collective moves, from its first "Input Dims" (a tensor's shape, or a list of
+    shapes for a TensorList); None without shapes."""
+    if not isinstance(input_dims, list) or not input_dims or not isinstance(input_dims[0], list):
+        return None
+    shapes = input_dims[0] if input_dims[0] and isinstance(input_dims[0][0], list) else [
+        input_dims[0]]
+    if not all(isinstance(size, int) for shape in shapes for size in shape):
+        return None
+    return sum(math.prod(shape) for shape in shapes) or None
+
+
 def input_batch_of(name: str, input_dims) -> int | None:
     """The batch dimension of one forward layer call from its "Input Dims": a convolution's N
     (an unbatched input, one dimension fewer than its weight, is 1), a linear layer's rows: every
@@ -274,10 +312,13 @@ class Pieces:
     gpu_pids: set = field(default_factory=set)
     named_spans: list[tuple[str, float, float, object]] = field(default_factory=list)
     layer_batches: list[tuple[float, int]] = field(default_factory=list)  # (start µs, batch)
+    # (start µs, name, thread, elements or None) of each collective span and DDP forward
+    collective_calls: list[tuple] = field(default_factory=list)
     square_softmaxes: list[tuple[float, int]] = field(default_factory=list)  # (start µs, s)
     kind_by_category: dict = field(default_factory=dict)
     role_by_name: dict[str, int] = field(default_factory=dict)
     runtime_by_name: dict[str, int] = field(default_factory=dict)  # LAUNCH_BIT | SYNC_BIT
+    has_backward: bool = False
     thread_ids: dict = field(default_factory=dict)  # a tid that is no number -> its index
     cpu_extent: list[float] = field(default_factory=lambda: [np.inf, -np.inf])
     all_extent: list[float] = field(default_factory=lambda: [np.inf, -np.inf])
@@ -367,8 +408,9 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
     only where it is written as an operator (the 2021 vocabulary), as the plugin reads it."""
     roles_by_name = pieces.role_by_name
     names = names_of(group)
-    for name in set(names) - roles_by_name.keys():
+    for name in set(names) - roles_by_name.keys():  # each name once per trace
         roles_by_name[name] = name_role(name)
+        pieces.has_backward |= BACKWARD_MARKER in name or name == "backward"
     roles = np.fromiter(map(roles_by_name.__getitem__, names), np.int8, len(names))
     named = ((roles == ROLE_STEP) | (roles == ROLE_DATALOADER) | (roles == ROLE_REGION)
              | (roles == ROLE_COLLECTIVE))
@@ -379,6 +421,13 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
         batch = input_batch_of(names[index], trace.decoded(group[index].args.input_dims))
         if batch is not None:
             pieces.layer_batches.append((float(spans.start[index]), batch))
+    collective = np.flatnonzero(roles == ROLE_COLLECTIVE)  # a few per step
+    if collective.size:
+        threads = thread_ids(pieces, [group[index] for index in collective])
+        for index, thread in zip(collective.tolist(), threads.tolist()):
+            pieces.collective_calls.append(
+                (float(spans.start[index]), names[index], thread,
+                 collective_elements(trace.decoded(group[index].args.input_dims))))
     for index in np.flatnonzero(roles == ROLE_SOFTMAX):  # a few per attention layer per step
         side = square_softmax_side(trace.decoded(group[index].args.input_dims))
         if side is not None:
@@ -453,7 +502,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
 
     steps_written = bool(cpu_steps())
     impossible = sanity.drop_impossible(pieces.arrays, pieces.named_spans,
-                                        [pieces.layer_batches, pieces.square_softmaxes])
+                                        [pieces.layer_batches, pieces.square_softmaxes,
+                                         pieces.collective_calls])
     if any(impossible.values()):  # the extents were widened by what is now left out
         pieces.all_extent = extent_of(pieces, sanity.SPAN_GROUPS, pieces.named_spans)
         pieces.cpu_extent = extent_of(pieces, ("cpu_op",), [])
@@ -482,6 +532,13 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
     collective_spans = spans_named(lambda n: n.startswith(COLLECTIVE_SPAN_PREFIXES))
     collective_ops = spans_named(lambda n: n.startswith(COLLECTIVE_OP_PREFIX))
     ddp_forwards = spans_named(lambda n: n == DDP_FORWARD)
+    calls = sorted(pieces.collective_calls, key=lambda call: call[0])
+    forward_threads = np.array([thread for _, name, thread, _ in calls if name == DDP_FORWARD],
+                               dtype=np.int64)
+    spans_first = any(name.startswith(COLLECTIVE_SPAN_PREFIXES) for _, name, _, _ in calls)
+    gradient = [(start, np.nan if size is None else size) for start, name, _, size in calls
+                if name.startswith(COLLECTIVE_SPAN_PREFIXES if spans_first
+                                   else COLLECTIVE_OP_PREFIX) and GRADIENT_COLLECTIVE.search(name)]
     distributed = top.get("distributedInfo")
     memcpy_h2d = pieces.column("memcpy_h2d", bool)
     properties = top.get("deviceProperties")
@@ -524,7 +581,11 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         hip_runtime=any(name.startswith(HIP_API_PREFIX) for name in pieces.runtime_by_name),
         distributed_info=distributed if isinstance(distributed, dict) else None,
         collective_spans=collective_spans, collective_ops=collective_ops,
-        ddp_forwards=ddp_forwards, impossible=impossible)
+        ddp_forwards=ddp_forwards, impossible=impossible, has_backward=pieces.has_backward,
+        ddp_forward_thread=(forward_threads if forward_threads.size == ddp_forwards.size
+                            else np.zeros(ddp_forwards.size, np.int64)),
+        gradient_collective_start=np.array([start for start, _ in gradient], dtype=np.float64),
+        gradient_collective_size=np.array([size for _, size in gradient], dtype=np.float64))
 
 
 def read_pieces(pieces_of_events) -> Pieces:

@@ -50,6 +50,16 @@ NAIVE_ATTENTION_MIN_SEQ = 512  # tokens
 # by collectives before the next; without no_sync every one is, with it only the last (issue 13:
 # "collectives per step exceed one per gradient bucket per step").
 DDP_SYNCED_MICRO_BATCHES_MIN = 2  # micro-batches per step that end in an all-reduce
+# Host overhead: the GPU waits for the host to enqueue its next op (gpu.idle_by_cause_pct's
+# "launch") for at least half the window, and the launch calls do not explain it (not launch
+# bound): the host's time goes to operators, dispatch and Python between the launches. Half: the
+# host then sets the pace, not the GPU; the same line as small_batch's utilization.
+HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT = 50.0  # % of the window the GPU waits for an enqueue
+HOST_OVERHEAD_OPERATORS_SHOWN = 3  # operators named in its evidence, by self time per step
+# Exposed communication: collectives run with no compute kernel beside them for this share of the
+# window (gpu.exposed_comm_pct; TraceLens's "exposed communication"). A fifth of the step with
+# the GPU only waiting on the network, as the DataLoader's 20 % is a fifth waiting on data.
+EXPOSED_COMM_MIN_PCT = 20.0  # % of the window
 # Severity: "high" when a value is twice its threshold (half, for an upper limit). Our choice,
 # only to order the findings.
 SEVERITY_HIGH_FACTOR = 2.0
@@ -174,13 +184,17 @@ def rule_small_batch(m: dict) -> dict | None:
     launch_ratio = launch_to_kernel_ratio(gpu)
     if launch_ratio is not None and not batch_is_small(m):
         return None
+    if host_starved(m) and not batch_is_small(m):
+        return None  # no shapes say the batch is small: the host is the limit (host_overhead)
     evidence = (
         # One decimal: the rule is strict (< 50 %), and 49.7 % rounded to a whole would read 50.
         f"GPU under-filled: utilization {gpu['utilization_pct']:.1f} % with a median kernel of "
         f"{gpu['median_kernel_us']:.1f} us (rule: < {SMALL_BATCH_UTILIZATION_MAX_PCT:.0f} % and "
         f"<= {SMALL_BATCH_MEDIAN_KERNEL_MAX_US:.0f} us)")
     fix = ("give each kernel more work: a larger batch (scale the learning rate with it), or "
-           "gradient accumulation if memory is the limit")
+           "gradient accumulation if memory is the limit" if m.get("training", True) else
+           "give each kernel more work: a larger batch per call (batch requests or samples "
+           "together)")
     if batch_is_small(m):
         evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs "
                      f"(< {SMALL_BATCH_INPUT_BATCH_BELOW})")
@@ -200,17 +214,85 @@ def rule_small_batch(m: dict) -> dict | None:
         evidence, fix, "small_batch")
 
 
+def host_starved(m: dict) -> bool:
+    """The GPU waits for the host's next enqueue HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT of the window
+    or more, and the launch calls do not explain it (launch_to_kernel_ratio: not launch bound)."""
+    gpu = m["gpu"]
+    return (bool(gpu) and gpu["idle_by_cause_pct"]["launch"] >= HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT
+            and launch_to_kernel_ratio(gpu) is None)
+
+
+def rule_host_overhead(m: dict) -> dict | None:
+    """Host-bound without being launch-bound: the host's time between launches goes to
+    operators, dispatch and Python. On an under-filled GPU (short kernels) the input shapes
+    decide: a small batch is small_batch's; launch-call time at or over the kernel time is
+    launch_overhead's. Without shapes the timing fits both: the fix names a larger batch too."""
+    gpu = m["gpu"]
+    # An under-filled GPU whose shapes show a small batch is small_batch's.
+    if not host_starved(m) or (gpu_underfilled(gpu) and batch_is_small(m)):
+        return None
+    waits = gpu["idle_by_cause_pct"]["launch"]
+    operators = m.get("host_operators") or []
+    evidence = (
+        f"host bound: the GPU waits {waits:.0f} % of the window for the host to enqueue its next "
+        f"op (utilization {gpu['utilization_pct']:.0f} %), while the launch calls take "
+        f"{gpu['launch_ms_per_step']:.2f} ms/step for {gpu['kernel_ms_per_step']:.2f} ms of "
+        f"kernels: the host's time goes elsewhere (rule: >= "
+        f"{HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT:.0f} % waiting, not launch bound)")
+    if operators:
+        evidence += ("; operators by self time per step: "
+                     + ", ".join(f"{name} {ms:.2f} ms" for name, ms in operators))
+    if m["input_batch"] is not None:
+        evidence += f"; batch {m['input_batch']:.0f} at the conv/linear inputs, not small"
+    elif gpu_underfilled(gpu):
+        evidence += ("; no input shapes (record_shapes=True) to say whether a small batch leaves "
+                     "the kernels short")
+    fix = ("do less on the host per GPU op: capture the step in a CUDA graph "
+           "(torch.compile(mode=\"reduce-overhead\"), or torch.cuda.graphs for a static step), "
+           "fuse ops with torch.compile, give each call more work (a larger batch, more requests "
+           "per call), and move Python loops over tensors into vectorised ops (demos/"
+           "launch_overhead/ shows CUDA graphs on a model of many small ops)")
+    # No pair of ours shows this regime on its own yet: no demo to point to.
+    return finding("host_overhead", severity(waits, HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT), evidence,
+                   fix, None)
+
+
+def rule_exposed_communication(m: dict) -> dict | None:
+    gpu = m["gpu"]
+    if not gpu or gpu["exposed_comm_pct"] < EXPOSED_COMM_MIN_PCT:
+        return None
+    return finding(
+        "exposed_communication", severity(gpu["exposed_comm_pct"], EXPOSED_COMM_MIN_PCT),
+        f"communication bound: collective kernels run with no compute kernel beside them "
+        f"{gpu['exposed_comm_pct']:.0f} % of the window (compute kernels {gpu['compute_pct']:.0f} "
+        f"%; utilization {gpu['utilization_pct']:.0f} % counts the collectives as work; rule: >= "
+        f"{EXPOSED_COMM_MIN_PCT:.0f} % exposed)",
+        "overlap communication with compute, or communicate less: smaller DDP buckets "
+        "(bucket_cap_mb) start all-reducing during the backward pass; no_sync() on all but the "
+        "last micro-batch when accumulating (see demos/ddp_no_sync/); fewer, larger collectives; "
+        "FSDP's forward_prefetch and backward_prefetch", "ddp_no_sync")
+
+
+def matrix_units(m: dict) -> str:
+    """What a GPU's matrix-multiply units are called: tensor cores (NVIDIA), matrix cores (AMD)."""
+    return "matrix cores" if m.get("device") == "rocm" else "tensor cores"
+
+
 def rule_fp32_matmul(m: dict) -> dict | None:
     gpu = m["gpu"]
     if not gpu or gpu["non_tensor_core_gemm_pct"] < FP32_GEMM_MIN_PCT:
         return None
+    units = matrix_units(m)
     return finding(
         "fp32_matmul", severity(gpu["non_tensor_core_gemm_pct"], FP32_GEMM_MIN_PCT),
         f"FP32 math: GEMMs take {gpu['gemm_pct']:.0f} % of kernel time, "
-        f"{gpu['non_tensor_core_gemm_pct']:.0f} % of it without tensor cores (tensor-core share "
-        f"{gpu['tensor_core_pct']:.0f} %; rule: >= {FP32_GEMM_MIN_PCT:.0f} % off tensor cores)",
+        f"{gpu['non_tensor_core_gemm_pct']:.0f} % of it not on {units} at a reduced precision "
+        f"(TF32, BF16, FP16, FP8; {units} share {gpu['tensor_core_pct']:.0f} %; rule: >= "
+        f"{FP32_GEMM_MIN_PCT:.0f} % of kernel time)",
         "run matmuls on tensor cores: torch.autocast(\"cuda\", dtype=torch.bfloat16), or at "
-        "least TF32 (torch.backends.cuda.matmul.allow_tf32 = True)", "mixed_precision")
+        "least TF32 (torch.backends.cuda.matmul.allow_tf32 = True)" if units == "tensor cores"
+        else "run matmuls in BF16 on the matrix cores: torch.autocast(\"cuda\", "
+             "dtype=torch.bfloat16) (ROCm takes the \"cuda\" device name)", "mixed_precision")
 
 
 def rule_activation_memory(m: dict) -> dict | None:
@@ -321,8 +403,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
 
 
 RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,
-         rule_launch_overhead, rule_host_sync, rule_h2d_copy, rule_unfused_optimizer,
-         rule_naive_attention, rule_ddp_sync)
+         rule_launch_overhead, rule_host_overhead, rule_host_sync, rule_h2d_copy,
+         rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)
 
 
 def findings_for(metrics: dict) -> list[dict]:

@@ -241,7 +241,7 @@ def synthetic_pairs_out(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("synthetic_pairs")
     write_demo_run(out, "small_batch", "bad",
-                   gpu_trace(kernel_us=15, launch_gap_us=40, kernels_per_step=100),
+                   gpu_trace(kernel_us=15, launch_gap_us=40, kernels_per_step=100, input_batch=8),
                    samples_per_s=1000.0, peak_memory_mb=2000.0, batch_size=8)
     write_demo_run(out, "small_batch", "fixed", gpu_trace(), samples_per_s=5300.0,
                    peak_memory_mb=8000.0, batch_size=256)

@@ -299,8 +299,8 @@ def test_healthy_run_yields_no_findings(tmp_path):
 VERDICT_CASES = {
     # 400 µs of DataLoader before 20 x 25 µs of busy GPU in every step
     "dataloader": dict(dataloader_us=400, kernel_us=25),
-    # 15 µs kernels (not short) launched every 40 µs: 37 % busy, median 15 µs
-    "small_batch": dict(kernel_us=15, launch_gap_us=40, kernels_per_step=100),
+    # 15 µs kernels (not short) launched every 40 µs: 37 % busy, median 15 µs, at batch 8
+    "small_batch": dict(kernel_us=15, launch_gap_us=40, kernels_per_step=100, input_batch=8),
     # FP32 SIMT GEMMs keep the GPU busy without tensor cores
     "fp32_matmul": dict(kernel_name=FP32_GEMM),
     # peak allocated at 90 % of the GPU's 80 GB

@@ -16,17 +16,19 @@ T0 = 1_000_000.0  # µs
 WINDOW_US = 1000.0
 
 # One step of 1000 µs (T0 .. T0+1000), by hand (times after T0):
-#   DataLoader 0..200, then kernel A launched 200..205, runs 210..400: the gap 0..210 is 200 µs
-#     of DataLoader and 10 µs of launch (A's launch ended at 205, after the gap began at 0).
+#   DataLoader 0..200, then kernel A launched 200..205, runs 210..400: the gap 0..210 opens the
+#     window: 200 µs of DataLoader and 10 µs before the first GPU op.
 #   B launched 250..255, runs 400..500 (right after A: no gap).
 #   C launched 300..305, runs 520..600: the gap 500..520 is other (C was enqueued at 305, long
 #     before the GPU went idle: it starts late for a reason on the GPU's side).
 #   cudaStreamSynchronize 310..601 returns in the gap 600..700 (D launched 690..695, runs
 #     700..800): 100 µs host_sync.
-#   E launched 850..855, runs 860..900: the gap 800..860 is 60 µs of launch.
+#   E launched 850..855, runs 860..900: the gap 800..860 is launch until E was enqueued (855),
+#     55 µs, and other after it (the GPU's own 5 µs to start E).
 #   The tail 900..1000 has no GPU op after it: 100 µs other.
-# Busy 190+100+80+100+40 = 510 µs; idle 490 = 200 + 100 + 70 + 120.
-EXPECTED_PCT = {"dataloader": 20.0, "host_sync": 10.0, "launch": 7.0, "other": 12.0}
+# Busy 190+100+80+100+40 = 510 µs; idle 490 = 200 + 100 + 10 + 55 + 125.
+EXPECTED_PCT = {"dataloader": 20.0, "host_sync": 10.0, "before_first_op": 1.0, "launch": 5.5,
+                "other": 12.5}
 
 
 def idle_trace(vocabulary: str = "current", loader_in_sync_gap: bool = False,
@@ -59,7 +61,7 @@ def test_idle_by_cause_by_hand(tmp_path, vocabulary):
 def test_dataloader_comes_before_the_sync_in_its_gap(tmp_path):
     gpu = analyze.analyze_trace(idle_trace(loader_in_sync_gap=True).write(tmp_path / "t.json"))
     assert gpu["gpu"]["idle_by_cause_pct"] == pytest.approx(
-        {"dataloader": 26.0, "host_sync": 4.0, "launch": 7.0, "other": 12.0}, abs=1e-9)
+        {**EXPECTED_PCT, "dataloader": 26.0, "host_sync": 4.0}, abs=1e-9)
 
 
 def test_of_ops_that_start_together_the_first_enqueued_decides(tmp_path):
@@ -69,11 +71,46 @@ def test_of_ops_that_start_together_the_first_enqueued_decides(tmp_path):
     assert gpu["idle_by_cause_pct"] == pytest.approx(EXPECTED_PCT, abs=1e-9)
 
 
+def test_a_graph_replay_without_steps_is_not_charged_to_launches(tmp_path):
+    """A serving trace without ProfilerStep (the window is the CPU operators' extent, 0..1000)
+    replaying a CUDA graph: the host sets up for 400 µs, then one cudaGraphLaunch (400..700, the
+    call returns late) enqueues three kernels (correlation shared) that run 450..500, 550..600
+    and 650..700, waiting on each other inside the graph. By hand: 0..450 is before the first
+    GPU op (45 %); the gaps 500..550 and 600..650 come after the graph's first kernel started,
+    so the graph was enqueued by then: other (10 %); the tail 700..1000 other (30 %); no launch."""
+    t = KinetoTrace()
+    t.gpu()
+    t.op("vllm::forward", T0, 1000)
+    correlation = t.runtime("cudaGraphLaunch", T0 + 400, 300)
+    for start in (450, 550, 650):
+        t.gpu_event("kernel", BF16_GEMM, T0 + start, 50, correlation, T0 + 400)
+    gpu = analyze.analyze_trace(t.write(tmp_path / "t.json"))["gpu"]
+    assert gpu["idle_by_cause_pct"] == pytest.approx(
+        {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 45.0, "launch": 0.0,
+         "other": 40.0}, abs=1e-9)
+
+
+def test_a_gap_is_the_launchs_only_until_its_op_is_enqueued(tmp_path):
+    """One step 0..1000: kernel A launched 0..5 runs 10..100; B's launch call 100..300 returns
+    at 300 and B runs 400..500 (the GPU's own delay after it); the tail is other. By hand: before
+    the first op 10 µs; the gap 100..400 is launch until 300 (20 %), other after (10 %)."""
+    t = KinetoTrace()
+    t.gpu()
+    t.step(1, T0, WINDOW_US)
+    t.launch(T0, 5, T0 + 10, 90)
+    t.launch(T0 + 100, 200, T0 + 400, 100)
+    gpu = analyze.analyze_trace(t.write(tmp_path / "t.json"))["gpu"]
+    assert gpu["idle_by_cause_pct"] == pytest.approx(
+        {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 1.0, "launch": 20.0,
+         "other": 10.0 + 50.0}, abs=1e-9)
+
+
 def test_idle_by_cause_in_the_human_output(tmp_path, capsys):
     assert analyze.main([str(idle_trace().write(tmp_path / "t.json"))]) == 0
     out = capsys.readouterr().out
-    assert ("GPU idle     49.0 % of the steps: DataLoader 20.0, host syncs 10.0, launches 7.0, "
-            "other 12.0") in out
+    assert ("GPU idle     49.0 % of the steps: DataLoader 20.0, host syncs 10.0, before the first "
+            "GPU op 1.0, launches 5.5, other 12.5 (HTA's idle, from the first to the last GPU op "
+            "of the trace: 26.1 %)") in out  # 1 - 510 busy / (900 - 210) µs
 
 
 def test_covered_length_of_ranges_by_hand():

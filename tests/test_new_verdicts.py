@@ -204,3 +204,48 @@ def test_a_folder_of_unequal_ranks_in_json(tmp_path, capsys):
                                                        for r, us in wait_us.items()}
     assert cross["wait_spread_ms_per_step"] == pytest.approx(1.2)
     assert cross["world_size"] == 3 and cross["ranks_read"] == 3
+
+
+def nested_or_accumulating(tmp_path, pattern: str) -> dict:
+    """Two steps of 10 000 µs on rank 0 of 2 (gloo). "dlrm": one outer DDP forward holding an
+    inner DDP module's forward and an all_to_all (embeddings), then the backward's three
+    all-reduces of distinct sizes. "gan": two DDP models one after the other (a generator and a
+    discriminator), each forward followed by its own buckets' all-reduces. "accumulation": two
+    micro-batches, each forward followed by the same three bucket all-reduces (no no_sync)."""
+    t = KinetoTrace(cpu_pid=100)
+
+    def all_reduce(at: float, elements: int, name: str = "gloo:all_reduce") -> None:
+        t.span("annotation", name, at, 100, **{"Input Dims": [[elements]]})
+
+    for index in range(2):
+        at = T0 + index * STEP_US
+        t.step(index + 1, at, STEP_US)
+        if pattern == "dlrm":
+            t.annotation("DistributedDataParallel.forward", at + 10, 4000)
+            t.annotation("DistributedDataParallel.forward", at + 100, 1000)  # the inner module
+            all_reduce(at + 2000, 8 * 1024, name="gloo:all_to_all")
+            for k, elements in enumerate((1000, 2000, 3000)):
+                all_reduce(at + 5000 + 500 * k, elements)
+        else:
+            buckets = {"gan": ((1000, 2000), (3000, 4000)),
+                       "accumulation": ((1000, 2000), (1000, 2000))}[pattern]
+            for micro, sizes in enumerate(buckets):
+                begin = at + micro * STEP_US / 2
+                t.annotation("DistributedDataParallel.forward", begin + 10, 1000)
+                for k, elements in enumerate(sizes):
+                    all_reduce(begin + 2000 + 500 * k, elements)
+    return analyze.analyze_trace(write_rank(tmp_path, t, 0))
+
+
+@pytest.mark.parametrize("pattern, forwards, synced, fires", [
+    ("dlrm", 1.0, 1.0, False),  # the inner forward is no micro-batch; all_to_all no gradient sync
+    ("gan", 2.0, 1.0, False),  # two models, two bucket layouts: no accumulation
+    ("accumulation", 2.0, 2.0, True),  # the same buckets after every micro-batch
+])
+def test_ddp_sync_counts_outermost_forwards_and_one_bucket_layout(tmp_path, pattern, forwards,
+                                                                  synced, fires):
+    result = nested_or_accumulating(tmp_path, pattern)
+    dist = result["distributed"]
+    assert dist["ddp_forwards_per_step"] == forwards
+    assert dist["synced_forwards_per_step"] == synced
+    assert ("ddp_sync" in [f["id"] for f in result["findings"]]) == fires

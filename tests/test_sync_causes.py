@@ -56,15 +56,22 @@ def sync_block(t: KinetoTrace, at: float, block: str, host_memory: str = "Pageab
     return t.runtime(api, at + 30, 60, tid=tid)
 
 
+# The MLP's batch, as record_shapes writes it at its first linear layer: small (under
+# verdicts.SMALL_BATCH_INPUT_BATCH_BELOW), so the under-filled GPU is a small batch's, not the
+# host's (host_overhead), where no sync explains it.
+MLP_LINEAR_BATCH_8 = [[8, 64], [64, 64], [64]]
+
+
 def mlp_trace(*blocks: str, layout=None, vocabulary: str = "current", **options) -> KinetoTrace:
-    """Three steps of a tiny MLP on an under-filled GPU, each with these sync blocks in order
-    (layout: ONE_BLOCK or TWO_BLOCKS, by how many)."""
+    """Three steps of a tiny MLP at batch 8 on an under-filled GPU, each with these sync blocks
+    in order (layout: ONE_BLOCK or TWO_BLOCKS, by how many)."""
     t = KinetoTrace(vocabulary=vocabulary)
     t.gpu()
     layout = layout or (ONE_BLOCK if len(blocks) == 1 else TWO_BLOCKS)
     for number in range(1, STEPS + 1):
         start = T0 + (number - 1) * STEP_US
         t.step(number, start, STEP_US)
+        t.op_with_shapes("aten::linear", start + 1, 1, MLP_LINEAR_BATCH_8)
         for block, (at, launch_at, kernels) in zip(blocks, layout):
             sync_block(t, start + at, block, **options)
             for k in range(kernels):
