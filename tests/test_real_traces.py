@@ -377,12 +377,7 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
                  and in_steps(e, steps)]
 
     def loading(a: float, b: float) -> float:  # DataLoader time in [a, b]
-        covered, reach = 0.0, a
-        for s, t in sorted((max(s, a), min(t, b)) for s, t in loaders if min(t, b) > max(s, a)):
-            s = max(s, reach)
-            if t > s:
-                covered, reach = covered + t - s, t
-        return covered
+        return hand_union(loaders, a, b)
 
     found = {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 0.0, "launch": 0.0,
              "other": 0.0}
