@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import sanity, trace
-from common.intervals import Spans, concat, merge, union_in
+from common.intervals import Spans, merge, union_in
 from common.metrics import (
     BREAKDOWN_ROLES,
     IDLE_CAUSES,
@@ -158,8 +158,7 @@ def analyze(path: Path) -> Analysis:
     metrics["impossible_events"] = columns.impossible
     # A window that holds the run's start-up (module loading, context creation) is no steady
     # state: said, not corrected (which time is start-up cannot be told apart in general).
-    metrics["initialization"] = (initialization(columns, host_window, merge(concat(
-        columns.kernels, columns.memcpy, columns.memset))) if has_gpu else None)
+    metrics["initialization"] = initialization(columns, host_window) if has_gpu else None
     metrics["warnings"] = [line for line in (sanity.warning_line(columns.impossible),
                                              initialization_warning(metrics["initialization"]))
                            if line]

@@ -347,11 +347,10 @@ INIT_LAUNCH_MIN_MS = 100.0  # ms: a launch call at least this long...
 INIT_LAUNCH_GPU_BUSY_MAX = 0.5  # ...with the GPU busy less than this share of it
 
 
-def initialization(columns: TraceColumns, host_window: tuple[float, float],
-                   busy: Spans) -> dict | None:
+def initialization(columns: TraceColumns, host_window: tuple[float, float]) -> dict | None:
     """{"launch_index": k (1-based, in the host window), "launch_ms", "median_launch_us"} of the
-    longest launch call of INIT_LAUNCH_MIN_MS or more during which the GPU (`busy`: merged GPU
-    work) was busy less than INIT_LAUNCH_GPU_BUSY_MAX of the time; None without one."""
+    longest launch call of INIT_LAUNCH_MIN_MS or more during which the GPU was busy (kernels,
+    copies, memsets) less than INIT_LAUNCH_GPU_BUSY_MAX of the time; None without one."""
     low, high = host_window
     calls = columns.runtime_is_launch & (columns.runtime.start >= low) & (
         columns.runtime.start < high)
@@ -359,8 +358,10 @@ def initialization(columns: TraceColumns, host_window: tuple[float, float],
     order = np.argsort(start, kind="stable")
     start, end = start[order], end[order]
     duration = end - start
-    idle_wait = (duration >= INIT_LAUNCH_MIN_MS * US_PER_MS) & (
-        covered_length(busy, start, end) < INIT_LAUNCH_GPU_BUSY_MAX * duration)
+    idle_wait = duration >= INIT_LAUNCH_MIN_MS * US_PER_MS
+    if idle_wait.any():  # the GPU's busy time is merged only for such a call (seldom)
+        busy = merge(concat(columns.kernels, columns.memcpy, columns.memset))
+        idle_wait &= covered_length(busy, start, end) < INIT_LAUNCH_GPU_BUSY_MAX * duration
     if not idle_wait.any():
         return None
     k = int(np.argmax(np.where(idle_wait, duration, -1.0)))
@@ -505,7 +506,8 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     # compute kernel beside it is exposed (TraceLens's "exposed communication"): the union of all
     # kernels less that of the compute kernels.
     compute = ~collective_kernels(columns)
-    compute_busy = union_in(Spans(kernels.start[compute], kernels.end[compute]), low, high)
+    compute_busy = (kernel_busy if compute.all() else
+                    union_in(Spans(kernels.start[compute], kernels.end[compute]), low, high))
     # Copy time with no kernel running beside it: what the step waits for. A copy on a side
     # stream under the compute stream's kernels (dataloader_workers/fixed on a GPU) costs nothing.
     h2d_exposed = union_in(concat(kernels, h2d), low, high) - kernel_busy

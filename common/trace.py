@@ -342,39 +342,46 @@ def typed_pieces(path: Path, chunk_bytes: int):
 
 def typed_piece_iter(chunks, text: bytes, top: dict, chunk_bytes: int):
     """Yields the events a piece at a time; `text` starts after traceEvents' "[". The last
-    piece is decoded with what follows the array, whose keys go into `top`."""
+    piece is decoded with what follows the array, whose keys go into `top`. The current piece
+    starts at `pos` in `text`: the text is copied only to add a chunk (with what is left of it)
+    and once per piece to decode, each copy made by one join of views (slicing bytes copies)."""
     try:
-        ended, count = False, 0
+        ended, count, pos = False, 0, 0
+
+        def add_chunk() -> None:
+            nonlocal text, pos, ended
+            chunk = next(chunks, None)
+            ended = chunk is None
+            if chunk:
+                text, pos = b"".join((memoryview(text)[pos:], chunk)), 0
+
         while True:
-            while not ended and len(text) < 2 * chunk_bytes:
-                chunk = next(chunks, None)
-                ended = chunk is None
-                text += chunk or b""
-            events, cut_from, failed = None, chunk_bytes, 0
+            while not ended and len(text) - pos < 2 * chunk_bytes:
+                add_chunk()
+            events, cut_from, failed = None, chunk_bytes, 0  # cut_from: from the piece's start
             while failed < FAILED_CUTS_MAX:
-                gap = EVENT_GAP.search(text, min(cut_from, len(text)))
+                gap = EVENT_GAP.search(text, pos + min(cut_from, len(text) - pos))
                 if gap is None:
                     if ended:
                         break
-                    chunk = next(chunks, None)
-                    ended = chunk is None
-                    text += chunk or b""
+                    add_chunk()
                     continue
                 try:
-                    events = EVENTS_DECODER.decode(b"[" + text[:gap.start() + 1] + b"]")
+                    events = EVENTS_DECODER.decode(
+                        b"".join((b"[", memoryview(text)[pos:gap.start() + 1], b"]")))
                 except msgspec.ValidationError as error:  # a subclass of DecodeError: first
                     raise ReadAsDicts(str(error)) from None
                 except msgspec.DecodeError:
                     # The cut fell inside a string ("},{" in a name) or after the array: such
                     # a piece never parses (an unclosed string or bracket, or text after "]").
-                    cut_from, failed = gap.end(), failed + 1
+                    cut_from, failed = gap.end() - pos, failed + 1
                     continue
                 break
             if events is None:  # the rest of the file is the last piece (and what follows it)
-                yield last_piece(b"".join([text, *chunks]), top, count)
+                yield last_piece(b"".join([memoryview(text)[pos:], *chunks]), top, count)
                 return
             count += len(events)
-            text = text[gap.end() - 1:]  # from the next event's "{"
+            pos = gap.end() - 1  # the next event's "{"
             yield events
     finally:  # the file is closed now, also when the reader stops early
         chunks.close()

@@ -498,7 +498,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
     def cpu_steps() -> list[tuple[str, float, float]]:
         # A step or region range on a GPU's timeline (whatever its category) is not a CPU span.
         return [(name, start, end) for name, start, end, pid in pieces.named_spans
-                if pid not in pieces.gpu_pids and name_role(name) == ROLE_STEP]
+                if name.startswith(trace.STEP_PREFIX) and pid not in pieces.gpu_pids]
 
     steps_written = bool(cpu_steps())
     impossible = sanity.drop_impossible(pieces.arrays, pieces.named_spans,
