@@ -52,17 +52,17 @@ def last_error_line(text: str) -> str:
 
 
 def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to torchrun's process group (torchrun and every rank), SIGKILL if it lingers."""
+    """SIGTERM to torchrun's process group (torchrun and every rank), then, after STOP_GRACE_S,
+    SIGKILL to whatever of the group is left: a rank that ignores SIGTERM outlives torchrun."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
+        except ProcessLookupError:  # the whole group is gone
+            break
         try:
-            process.wait(timeout=STOP_GRACE_S)
-            return
+            process.communicate(timeout=STOP_GRACE_S)  # reads its stderr: no full pipe blocks it
         except subprocess.TimeoutExpired:
-            continue
+            pass
 
 
 def relaunch(script: str, argv: list[str], ranks: int,

@@ -2,6 +2,7 @@
 each step's time breakdown, and the GPU metrics the verdicts read."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -311,9 +312,12 @@ def synced_micro_batches(columns: TraceColumns, host_window: tuple[float, float]
                          ) -> tuple[int, int]:
     """Gradient accumulation, in the host window: the micro-batches (outermost DDP forwards per
     thread: a DDP module nested in another runs inside its forward) and how many of them are
-    followed, before the next (or the window's end), by gradient collectives of one same bucket
-    layout (the most common multiset of sizes; sizes unknown count as one layout). Without
-    no_sync every micro-batch all-reduces every bucket; with it, only the last of a step does."""
+    followed, before the next (or the window's end), by the gradient buckets' collectives. The
+    buckets' layout is the largest multiset of sizes that follows a micro-batch (most elements,
+    then most collectives: sizes unknown count -1 each); a micro-batch is synced when what
+    follows it holds that layout. Without no_sync every micro-batch all-reduces every bucket;
+    with it only the last of a step does, and a loss all-reduced after each one (a scalar) is no
+    bucket layout."""
     low, high = host_window
     spans = columns.ddp_forwards
     inside = (spans.start >= low) & (spans.start < high)
@@ -327,11 +331,13 @@ def synced_micro_batches(columns: TraceColumns, host_window: tuple[float, float]
     starts, sizes = starts[order], sizes[order]
     first = np.searchsorted(starts, forwards, side="left")
     last = np.searchsorted(starts, np.r_[forwards[1:], high], side="left")
-    layouts = [tuple(sorted(np.nan_to_num(sizes[a:b], nan=-1.0).tolist()))
+    layouts = [Counter(np.nan_to_num(sizes[a:b], nan=-1.0).tolist())
                for a, b in zip(first.tolist(), last.tolist()) if b > a]
     if not layouts:
         return int(forwards.size), 0
-    return int(forwards.size), max(layouts.count(layout) for layout in set(layouts))
+    buckets = max(layouts, key=lambda layout: (sum(size * n for size, n in layout.items()
+                                                   if size > 0), layout.total()))
+    return int(forwards.size), sum(not buckets - layout for layout in layouts)
 
 
 # --- Initialization in the window. ---------------------------------------------------------------

@@ -22,7 +22,16 @@ US_PER_DAY = 86_400e6
 MAX_RECORDING_US = US_PER_DAY
 # The columns the reader keeps, by the prefix of their keys in trace_columns.Pieces.arrays; each
 # group's arrays are parallel (one value per event). "memory" ([memory] instants) has a ts only.
-SPAN_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "gpu_optimizer")
+SPAN_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "gpu_optimizer",
+               "other", "cpu_named")
+# The groups that hold every span the reader widened its extents with, but for the named spans
+# (the GPU's optimizer copies never did): the extents are taken again from them and the named
+# spans, filtered, when something was left out. "other": CPU-side spans of no operator category
+# but the named ones, and cuda_sync events; "cpu_named": steps and DataLoader spans written as
+# operators, which the named spans hold too: filtered, not counted twice.
+UNCOUNTED_GROUPS = ("cpu_named",)
+EXTENT_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "other",
+                 "cpu_named")
 INSTANT_GROUPS = ("memory",)
 KIND_WORDS = {  # how a warning names each kind (count first)
     "negative_duration": "with a negative duration",
@@ -31,6 +40,13 @@ KIND_WORDS = {  # how a warning names each kind (count first)
     "duplicate_step": "repeating a ProfilerStep#N already seen",
     "overlapping_step": "starting before the ProfilerStep#N before them ended",
 }
+
+
+def possible_duration(spans) -> np.ndarray:
+    """Per span: a duration that is neither negative nor over MAX_RECORDING_US (the checks that
+    need no other event)."""
+    duration = spans.end - spans.start
+    return (duration >= 0) & (duration <= MAX_RECORDING_US)
 
 
 class NothingLeft(ValueError):
@@ -87,7 +103,8 @@ def drop_impossible(arrays: dict, named_spans: list, timed_points: list[list]) -
         if start is None:
             continue
         masks = span_verdict(start, joined(arrays, f"{group}_end"), median_start)
-        keep_only(arrays, group, ~np.logical_or.reduce(list(masks.values())), found, masks)
+        keep_only(arrays, group, ~np.logical_or.reduce(list(masks.values())),
+                  dict.fromkeys(KIND_WORDS, 0) if group in UNCOUNTED_GROUPS else found, masks)
     for group, ts in zip(INSTANT_GROUPS, points):
         if ts is not None:
             outside = ~(np.abs(ts - median_start) <= MAX_RECORDING_US)

@@ -278,11 +278,12 @@ def square_softmax_side(input_dims) -> int | None:
 def collective_elements(input_dims) -> int | None:
     """Elements a collective moves, from its first "Input Dims" (a tensor's shape, or a list of
     shapes for a TensorList); None without shapes."""
-    if not isinstance(input_dims, list) or not input_dims or not isinstance(input_dims[0], list):
-        return None
-    shapes = input_dims[0] if input_dims[0] and isinstance(input_dims[0][0], list) else [
-        input_dims[0]]
-    if not all(isinstance(size, int) for shape in shapes for size in shape):
+    if not isinstance(input_dims, list) or not input_dims or not input_dims[0] or not isinstance(
+            input_dims[0], list):
+        return None  # no shapes, or [] (a TensorList c10d::allreduce_ recorded without them)
+    shapes = input_dims[0] if isinstance(input_dims[0][0], list) else [input_dims[0]]
+    if not all(isinstance(shape, list) and all(isinstance(size, int) for size in shape)
+               for shape in shapes):
         return None
     return sum(math.prod(shape) for shape in shapes) or None
 
@@ -363,6 +364,9 @@ def read_piece(pieces: Pieces, events: list) -> None:
             continue
         spans = spans_of(group)
         widen(pieces.all_extent, spans)
+        if kind == "sync":  # widens the extent only: kept for sanity's pass
+            pieces.add("other_start", spans.start)
+            pieces.add("other_end", spans.end)
         if kind in ("kernel", "memcpy", "memset", "runtime"):
             pieces.add(f"{kind}_start", spans.start)
             pieces.add(f"{kind}_end", spans.end)
@@ -417,6 +421,12 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
     for index in np.flatnonzero(named):  # a few per step
         pieces.named_spans.append((names[index], float(spans.start[index]),
                                    float(spans.end[index]), group[index].pid))
+    if kind == "cpu_other":  # widen the extent only: kept for sanity's pass (named: above)
+        pieces.add("other_start", spans.start[~named])
+        pieces.add("other_end", spans.end[~named])
+    # The records below (shapes, collective calls) keep a start only, which the impossible-event
+    # pass checks; an operator whose duration is impossible makes none.
+    roles = np.where(sanity.possible_duration(spans), roles, ROLE_OTHER)
     for index in np.flatnonzero(roles == ROLE_LAYER):  # one per conv or linear layer per step
         batch = input_batch_of(names[index], trace.decoded(group[index].args.input_dims))
         if batch is not None:
@@ -426,7 +436,8 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
         threads = thread_ids(pieces, [group[index] for index in collective])
         for index, thread in zip(collective.tolist(), threads.tolist()):
             pieces.collective_calls.append(
-                (float(spans.start[index]), names[index], thread,
+                (float(spans.start[index]), float(spans.end[index]), names[index],
+                 group[index].pid, thread,
                  collective_elements(trace.decoded(group[index].args.input_dims))))
     for index in np.flatnonzero(roles == ROLE_SOFTMAX):  # a few per attention layer per step
         side = square_softmax_side(trace.decoded(group[index].args.input_dims))
@@ -435,6 +446,8 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
     if kind == "cpu_op":  # the plugin's CPU extent: operators (and steps)
         widen(pieces.cpu_extent, spans)
         work = ~((roles == ROLE_STEP) | (roles == ROLE_DATALOADER))
+        pieces.add("cpu_named_start", spans.start[~work])  # for the extent, after sanity
+        pieces.add("cpu_named_end", spans.end[~work])
         pieces.add("cpu_op_start", spans.start[work])
         pieces.add("cpu_op_end", spans.end[work])
         pieces.add("cpu_op_thread", thread_ids(pieces, group)[work])  # sync attribution
@@ -505,8 +518,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
                                         [pieces.layer_batches, pieces.square_softmaxes,
                                          pieces.collective_calls])
     if any(impossible.values()):  # the extents were widened by what is now left out
-        pieces.all_extent = extent_of(pieces, sanity.SPAN_GROUPS, pieces.named_spans)
-        pieces.cpu_extent = extent_of(pieces, ("cpu_op",), [])
+        pieces.all_extent = extent_of(pieces, sanity.EXTENT_GROUPS, pieces.named_spans)
+        pieces.cpu_extent = extent_of(pieces, ("cpu_op", "cpu_named"), [])
         if not np.isfinite(pieces.all_extent[0]):
             raise sanity.NothingLeft(f"nothing left to analyse, {sanity.warning_line(impossible)}")
     steps = sanity.possible_steps(cpu_steps(), impossible)
@@ -531,12 +544,14 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
     regions[DATALOADER_REGION] = dataloader
     collective_spans = spans_named(lambda n: n.startswith(COLLECTIVE_SPAN_PREFIXES))
     collective_ops = spans_named(lambda n: n.startswith(COLLECTIVE_OP_PREFIX))
-    ddp_forwards = spans_named(lambda n: n == DDP_FORWARD)
-    calls = sorted(pieces.collective_calls, key=lambda call: call[0])
-    forward_threads = np.array([thread for _, name, thread, _ in calls if name == DDP_FORWARD],
-                               dtype=np.int64)
-    spans_first = any(name.startswith(COLLECTIVE_SPAN_PREFIXES) for _, name, _, _ in calls)
-    gradient = [(start, np.nan if size is None else size) for start, name, _, size in calls
+    # (start, end, name, pid, thread, elements) of each collective call and DDP forward on a CPU
+    calls = sorted(call for call in pieces.collective_calls if call[3] not in pieces.gpu_pids)
+    forwards = [(start, end, thread) for start, end, name, _, thread, _ in calls
+                if name == DDP_FORWARD]
+    ddp_forwards = Spans(np.array([start for start, _, _ in forwards], dtype=np.float64),
+                         np.array([end for _, end, _ in forwards], dtype=np.float64))
+    spans_first = any(call[2].startswith(COLLECTIVE_SPAN_PREFIXES) for call in calls)
+    gradient = [(start, np.nan if size is None else size) for start, _, name, _, _, size in calls
                 if name.startswith(COLLECTIVE_SPAN_PREFIXES if spans_first
                                    else COLLECTIVE_OP_PREFIX) and GRADIENT_COLLECTIVE.search(name)]
     distributed = top.get("distributedInfo")
@@ -582,8 +597,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         distributed_info=distributed if isinstance(distributed, dict) else None,
         collective_spans=collective_spans, collective_ops=collective_ops,
         ddp_forwards=ddp_forwards, impossible=impossible, has_backward=pieces.has_backward,
-        ddp_forward_thread=(forward_threads if forward_threads.size == ddp_forwards.size
-                            else np.zeros(ddp_forwards.size, np.int64)),
+        ddp_forward_thread=np.array([thread for _, _, thread in forwards], dtype=np.int64),
         gradient_collective_start=np.array([start for start, _ in gradient], dtype=np.float64),
         gradient_collective_size=np.array([size for _, size in gradient], dtype=np.float64))
 

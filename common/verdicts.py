@@ -224,26 +224,30 @@ def host_starved(m: dict) -> bool:
 
 def rule_host_overhead(m: dict) -> dict | None:
     """Host-bound without being launch-bound: the host's time between launches goes to
-    operators, dispatch and Python. On an under-filled GPU (short kernels) the input shapes
-    decide: a small batch is small_batch's; launch-call time at or over the kernel time is
-    launch_overhead's. Without shapes the timing fits both: the fix names a larger batch too."""
+    operators, dispatch and Python. An under-filled GPU whose shapes show a small batch is
+    small_batch's; launch-bound runs are launch_overhead's. Without shapes the timing fits a small
+    batch too: the fix names a larger batch as well."""
     gpu = m["gpu"]
-    # An under-filled GPU whose shapes show a small batch is small_batch's.
+    # An under-filled GPU whose shapes show a small batch is small_batch's domain, also where
+    # small_batch gives way to a named cause (the DataLoader, host syncs), as peers' rule has it.
     if not host_starved(m) or (gpu_underfilled(gpu) and batch_is_small(m)):
         return None
     waits = gpu["idle_by_cause_pct"]["launch"]
     operators = m.get("host_operators") or []
+    launch_ms, kernel_ms = gpu["launch_ms_per_step"], gpu["kernel_ms_per_step"]
     evidence = (
         f"host bound: the GPU waits {waits:.0f} % of the window for the host to enqueue its next "
         f"op (utilization {gpu['utilization_pct']:.0f} %), while the launch calls take "
-        f"{gpu['launch_ms_per_step']:.2f} ms/step for {gpu['kernel_ms_per_step']:.2f} ms of "
-        f"kernels: the host's time goes elsewhere (rule: >= "
-        f"{HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT:.0f} % waiting, not launch bound)")
+        f"{launch_ms:.2f} ms/step for {kernel_ms:.2f} ms of kernels"
+        + (": the host's time goes elsewhere" if launch_ms < kernel_ms else
+           f", with too few short kernels to call it launch bound")
+        + f" (rule: >= {HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT:.0f} % waiting, not launch bound)")
     if operators:
         evidence += ("; operators by self time per step: "
                      + ", ".join(f"{name} {ms:.2f} ms" for name, ms in operators))
     if m["input_batch"] is not None:
-        evidence += f"; batch {m['input_batch']:.0f} at the conv/linear inputs, not small"
+        evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs"
+                     + ("" if batch_is_small(m) else ", not small"))
     elif gpu_underfilled(gpu):
         evidence += ("; no input shapes (record_shapes=True) to say whether a small batch leaves "
                      "the kernels short")
@@ -252,9 +256,12 @@ def rule_host_overhead(m: dict) -> dict | None:
            "fuse ops with torch.compile, give each call more work (a larger batch, more requests "
            "per call), and move Python loops over tensors into vectorised ops (demos/"
            "launch_overhead/ shows CUDA graphs on a model of many small ops)")
-    # No pair of ours shows this regime on its own yet: no demo to point to.
-    return finding("host_overhead", severity(waits, HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT), evidence,
-                   fix, None)
+    # Severity on the share the GPU is not waiting: "high" when it is half the rule's (waiting
+    # 75 % or more), as twice a 50 % threshold could never be reached. No pair of ours shows this
+    # regime on its own yet: no demo to point to.
+    return finding("host_overhead",
+                   severity(100.0 - waits, 100.0 - HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT,
+                            upper_limit=True), evidence, fix, None)
 
 
 def rule_exposed_communication(m: dict) -> dict | None:
@@ -306,8 +313,12 @@ def rule_activation_memory(m: dict) -> dict | None:
         f"memory bound: peak allocated {m['peak_memory_mb']:.0f} MB is {pct:.0f} % of the GPU's "
         f"{m['device_memory_mb']:.0f} MB (rule: >= {ACTIVATION_MEMORY_MIN_PCT:.0f} %)",
         "recompute activations in the backward pass instead of keeping them: "
-        "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) per block",
-        "activation_checkpointing")
+        "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) per block"
+        if m.get("training", True) else
+        "no backward pass keeps activations here (inference): a smaller batch per call, "
+        "weights and caches (a KV cache) in BF16 or FP8, or memory-efficient attention "
+        "(scaled_dot_product_attention)",
+        "activation_checkpointing" if m.get("training", True) else None)
 
 
 def rule_h2d_copy(m: dict) -> dict | None:

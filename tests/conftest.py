@@ -248,6 +248,6 @@ def synthetic_pairs_out(tmp_path_factory) -> Path:
     for variant, share, samples_per_s in (("bad", 0.9, 400.0), ("fixed", 0.3, 320.0)):
         peak = int(share * H100_MEMORY_BYTES)
         write_demo_run(out, "activation_checkpointing", variant,
-                       gpu_trace(peak_memory_bytes=peak), samples_per_s=samples_per_s,
-                       peak_memory_mb=peak / MIB)
+                       gpu_trace(peak_memory_bytes=peak, backward=True),
+                       samples_per_s=samples_per_s, peak_memory_mb=peak / MIB)
     return out

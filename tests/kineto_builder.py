@@ -187,18 +187,21 @@ def simulate_training(trace: KinetoTrace, *, steps: int = 3, start: float = 1_00
                       launch_gap_us: float = 10.0, gpu_latency_us: float = 3.0,
                       dataloader_us: float = 0.0, h2d_us: float = 0.0, syncs_per_step: int = 0,
                       after_sync_us: float = 0.0, peak_memory_bytes: int = 0,
-                      input_batch: int | None = None) -> KinetoTrace:
+                      input_batch: int | None = None, backward: bool = False) -> KinetoTrace:
     """Lay out `steps` training steps the way a CUDA stream runs them: the host launches a kernel
     every `launch_gap_us`; each kernel starts `gpu_latency_us` after its launch or when the one
     before it ends. A sync makes the host wait for the GPU, then spend `after_sync_us` before its
     next launch. Memory rises to `peak_memory_bytes` in each step and falls back. `input_batch`:
-    each step starts with an aten::linear whose "Input Dims" (record_shapes) hold that batch."""
+    each step starts with an aten::linear whose "Input Dims" (record_shapes) hold that batch.
+    `backward`: each step holds a "backward" region (a training step; without, inference)."""
     host = start
     gpu_free = start
     for number_ in range(1, steps + 1):
         step_start = host
         if input_batch is not None:
             trace.op_with_shapes("aten::linear", host, 1, [[input_batch, 256], [256, 256], [256]])
+        if backward:
+            trace.annotation("backward", host + 1, 1)
         if dataloader_us:
             trace.dataloader(host, dataloader_us)
             host += dataloader_us

@@ -142,3 +142,20 @@ def test_a_long_launch_on_an_idle_gpu_is_initialization(tmp_path, gpu_busy_durin
     assert result["initialization"] == {"launch_index": 5, "launch_ms": INIT_LAUNCH_MIN_MS,
                                         "median_launch_us": 5.0}
     assert len(result["warnings"]) == 1 and "initialization" in result["warnings"][0]
+
+
+def test_memory_advice_follows_training_or_inference(tmp_path):
+    """At 90 % of the GPU's memory: in training the fix is activation checkpointing (its demo);
+    without a backward pass nothing keeps activations for one, so the fix is another."""
+    from tests.kineto_builder import H100_MEMORY_BYTES, simulate_training
+
+    def run(backward: bool) -> dict:
+        t = KinetoTrace()
+        t.gpu()
+        simulate_training(t, peak_memory_bytes=int(0.9 * H100_MEMORY_BYTES), backward=backward)
+        return next(f for f in analysed(tmp_path, t)["findings"] if f["id"] == "activation_memory")
+
+    trained, served = run(backward=True), run(backward=False)
+    assert "checkpoint" in trained["fix"] and trained["demo"] == "activation_checkpointing"
+    assert "checkpoint" not in served["fix"] and "inference" in served["fix"]
+    assert served["demo"] is None

@@ -190,3 +190,38 @@ def test_a_folder_of_folders_of_traces_names_one(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its subfolders hold 1" in err
     assert str(tmp_path / "runs" / "a") in err
+
+
+@pytest.mark.parametrize("vocabulary", ["current", "2021", "tensorboard"])
+@pytest.mark.parametrize("dataloader_us", [0, 100])
+def test_a_trace_without_steps_keeps_its_window(tmp_path, vocabulary, dataloader_us):
+    """Without ProfilerStep the window is the CPU side's extent (operators and DataLoader spans;
+    with neither, every span, a Python frame's here): left out, an impossible kernel must not
+    change it, in any vocabulary."""
+    def stepless() -> KinetoTrace:
+        built = KinetoTrace(vocabulary=vocabulary)
+        built.gpu()
+        simulate_training(built, steps=3, start=EPOCH_US, dataloader_us=dataloader_us)
+        built.events = [e for e in built.events if not e["name"].startswith("ProfilerStep#")]
+        built.python("train.py(42): step", EPOCH_US - 500, 20_000)  # the outermost host span
+        return built
+
+    clean = analysed(tmp_path, stepless(), "clean")
+    built = stepless()
+    add_copy(built, first_of(built, built.category("kernel")), dur=-5)
+    result = analysed(tmp_path, built)
+    assert numbers(result) == numbers(clean)
+    assert result["impossible_events"]["negative_duration"] == 1
+
+
+def test_an_impossible_operators_shapes_are_left_out_too(tmp_path):
+    """A softmax over a [.., 1024, 1024] input with a negative duration is not an operator: no
+    naive_attention from its shapes (nor a batch from a linear layer's)."""
+    clean = analysed(tmp_path, sound(), "clean")
+    built = sound()
+    built.span("op", "aten::softmax", EPOCH_US + 10, -100,
+               **{"Input Dims": [[8, 16, 1024, 1024], [], []]})
+    built.span("op", "aten::linear", EPOCH_US + 20, 2e300, **{"Input Dims": [[4, 8], [8, 8], [8]]})
+    result = analysed(tmp_path, built)
+    assert numbers(result) == numbers(clean)
+    assert result["attention"]["square_softmax_max"] is None and result["input_batch"] is None

@@ -249,3 +249,26 @@ def test_ddp_sync_counts_outermost_forwards_and_one_bucket_layout(tmp_path, patt
     assert dist["ddp_forwards_per_step"] == forwards
     assert dist["synced_forwards_per_step"] == synced
     assert ("ddp_sync" in [f["id"] for f in result["findings"]]) == fires
+
+
+@pytest.mark.parametrize("no_sync, synced, fires", [(True, 1.0, False), (False, 4.0, True)])
+def test_a_loss_all_reduced_after_each_micro_batch_is_no_bucket_sync(tmp_path, no_sync, synced,
+                                                                      fires):
+    """Four micro-batches a step, each followed by a scalar all_reduce of the loss (logging);
+    the gradient buckets (sizes 1000 and 2000) follow the last one only with no_sync, every one
+    without it."""
+    t = KinetoTrace(cpu_pid=100)
+    for index in range(2):
+        at = T0 + index * STEP_US
+        t.step(index + 1, at, STEP_US)
+        for micro in range(4):
+            begin = at + micro * STEP_US / 4
+            t.annotation("DistributedDataParallel.forward", begin + 10, 500)
+            t.span("annotation", "gloo:all_reduce", begin + 600, 20, **{"Input Dims": [[1]]})
+            if micro == 3 or not no_sync:
+                for k, elements in enumerate((1000, 2000)):
+                    t.span("annotation", "gloo:all_reduce", begin + 1000 + 300 * k, 100,
+                           **{"Input Dims": [[elements]]})
+    dist = analyze.analyze_trace(write_rank(tmp_path, t, 0))["distributed"]
+    assert dist["ddp_forwards_per_step"] == 4.0 and dist["synced_forwards_per_step"] == synced
+    assert (dist["synced_forwards_per_step"] >= 2) == fires

@@ -481,8 +481,9 @@ def test_distributed_by_hand(name):
     busy = hand_union(kernels or [(start(e), end(e)) for e in calls], low, high)
     backend, rank, world_size = DISTRIBUTED[name]
     # Outermost DDP forwards in the window (none inside another on its thread), and those
-    # followed, before the next one, by all-reduces or reduce-scatters of the most common
-    # layout (the sorted sizes, the product of their first Input Dims; -1 unknown).
+    # followed, before the next one, by all-reduces or reduce-scatters holding the bucket layout:
+    # the largest multiset of sizes (the product of their first Input Dims; -1 unknown) that
+    # follows one, by elements, then by count.
     ddp = sorted((start(e), end(e), e["tid"]) for e in events
                  if e["name"] == "DistributedDataParallel.forward" and low <= start(e) < high)
     forwards = [s for s, _, tid in ddp
@@ -491,10 +492,13 @@ def test_distributed_by_hand(name):
     gradient = [(start(e), math.prod(e["args"]["Input Dims"][0])
                  if e["args"].get("Input Dims") else -1) for e in calls
                 if any(kind in e["name"] for kind in ("all_reduce", "allreduce", "reduce_scatter"))]
-    layouts = [tuple(sorted(size for x, size in gradient if a <= x < b))
+    layouts = [sorted(size for x, size in gradient if a <= x < b)
                for a, b in zip(forwards, forwards[1:] + [high])]
     layouts = [layout for layout in layouts if layout]
-    synced = max((layouts.count(layout) for layout in layouts), default=0)
+    buckets = max(layouts, key=lambda layout: (sum(size for size in layout if size > 0),
+                                               len(layout)), default=[])
+    synced = sum(all(layout.count(size) >= buckets.count(size) for size in buckets)
+                 for layout in layouts)
     assert result == {
         "backend": backend, "rank": rank, "world_size": world_size,
         "collectives_per_step": len(starts) / steps,

@@ -42,7 +42,9 @@ def verdict_demos() -> set[str]:
     for rule in verdicts.RULES:
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(rule)))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "finding":
-                demos.add(ast.literal_eval(node.args[-1]))
+                # a name, None, or one of two by a condition (training or inference)
+                demos |= {const.value for const in ast.walk(node.args[-1])
+                          if isinstance(const, ast.Constant) and isinstance(const.value, str)}
     return demos
 
 

@@ -24,6 +24,8 @@ import pytest
 from common import analyze, verdicts
 from common.metrics import SHORT_KERNEL_US
 from common.verdicts import (
+    EXPOSED_COMM_MIN_PCT,
+    HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT,
     ACTIVATION_MEMORY_HIGH_PCT,
     ACTIVATION_MEMORY_MIN_PCT,
     DATALOADER_SHARE_MIN_PCT,
@@ -517,3 +519,74 @@ def test_peak_memory_share_on_a_trace(tmp_path, pct, bytes_short, level):
     assert list(found) == only("activation_memory", level is not None)
     if level:
         assert found["activation_memory"]["severity"] == level
+
+
+# --- host_overhead and exposed_communication ----------------------------------------------------
+
+def with_wait(m: dict, launch_idle_pct: float) -> dict:
+    """Changed metrics (a copy) with the GPU waiting launch_idle_pct of the window for the host's
+    next enqueue (gpu.idle_by_cause_pct's "launch"); launch calls as they were."""
+    m["gpu"]["idle_by_cause_pct"] = {**m["gpu"]["idle_by_cause_pct"], "launch": launch_idle_pct}
+    return m
+
+
+def waiting(base: dict, launch_idle_pct: float) -> dict:
+    """The base (not launch bound) with the GPU waiting for the host."""
+    return with_wait(changed(base), launch_idle_pct)
+
+
+@pytest.mark.parametrize("pct, fires", edges(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT, AT_LEAST))
+def test_host_overhead_fires_from_its_waiting_share_on(base, pct, fires):
+    assert verdicts.launch_to_kernel_ratio(base["gpu"]) is None  # not launch bound
+    assert finding_ids(waiting(base, pct)) == only("host_overhead", fires)
+
+
+@pytest.mark.parametrize("batch, verdict", [
+    pytest.param(float(SMALL_BATCH_INPUT_BATCH_BELOW - 1), "small_batch", id="small"),
+    pytest.param(float(SMALL_BATCH_INPUT_BATCH_BELOW), "host_overhead", id="not-small"),
+    pytest.param(None, "host_overhead", id="no-shapes"),
+])
+def test_the_input_batch_decides_small_batch_or_host_overhead(base, batch, verdict):
+    """An under-filled GPU waiting for the host: small_batch only where the shapes show a
+    small batch; exactly one of the two fires."""
+    m = with_wait(underfilled(base, input_batch=batch), HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5)
+    assert finding_ids(m) == [verdict]
+
+
+def test_a_small_batch_stays_small_batchs_where_small_batch_gives_way(base):
+    """A small batch on an under-filled GPU whose idle time the DataLoader explains: small_batch
+    gives way to the named cause (peers' rule), and host_overhead does not claim the batch's
+    wait either; at batch 64 (not small) host_overhead names it, its evidence without a
+    "small" batch."""
+    def run(batch: float) -> dict:
+        return with_wait(underfilled(base, input_batch=batch,
+                                     dataloader_pct=DATALOADER_SHARE_MIN_PCT),
+                         HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5)
+    assert finding_ids(run(8.0)) == ["dataloader"]
+    large = run(float(SMALL_BATCH_INPUT_BATCH_BELOW))
+    assert sorted(finding_ids(large)) == ["dataloader", "host_overhead"]
+    assert "not small" in by_id(large)["host_overhead"]["evidence"]
+
+
+def test_host_overhead_evidence_says_small_only_where_it_is(base):
+    """Kernels not short (no under-filled GPU) at batch 8: host_overhead, whose evidence quotes
+    the batch without calling it "not small"."""
+    m = with_wait(changed(base, input_batch=8.0), HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5)
+    found = by_id(m)["host_overhead"]["evidence"]
+    assert "batch 8 at the conv/linear inputs" in found and "not small" not in found
+
+
+@pytest.mark.parametrize("pct, level", [
+    (100 - (100 - HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT) / SEVERITY_HIGH_FACTOR, "high"),
+    (below(100 - (100 - HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT) / SEVERITY_HIGH_FACTOR), "medium"),
+])
+def test_host_overhead_is_high_when_the_gpu_works_half_the_rules_share(base, pct, level):
+    """Severity on the share the GPU is not waiting (twice a 50 % wait cannot be reached):
+    high from 75 %."""
+    assert by_id(waiting(base, pct))["host_overhead"]["severity"] == level
+
+
+@pytest.mark.parametrize("pct, fires", edges(EXPOSED_COMM_MIN_PCT, AT_LEAST))
+def test_exposed_communication_fires_from_its_share_on(base, pct, fires):
+    m = changed(base, gpu={"exposed_comm_pct": pct})
+    assert finding_ids(m) == only("exposed_communication", fires)
