@@ -24,14 +24,14 @@ MAX_RECORDING_US = US_PER_DAY
 # group's arrays are parallel (one value per event). "memory" ([memory] instants) has a ts only.
 SPAN_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "gpu_optimizer",
                "other", "cpu_named")
-# The groups that hold every span the reader widened its extents with, but for the named spans
-# (the GPU's optimizer copies never did): the extents are taken again from them and the named
-# spans, filtered, when something was left out. "other": CPU-side spans of no operator category
-# but the named ones, and cuda_sync events; "cpu_named": steps and DataLoader spans written as
-# operators, which the named spans hold too: filtered, not counted twice.
+# "other": CPU-side spans of no operator category but the named ones, and cuda_sync events;
+# "cpu_named": steps and DataLoader spans written as operators, which the named spans hold too:
+# filtered, not counted twice.
 UNCOUNTED_GROUPS = ("cpu_named",)
-EXTENT_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "other",
-                 "cpu_named")
+# The groups that hold every span the reader widened its extents with, but for the named spans:
+# all but the GPU's optimizer copies, which never did. The extents are taken again from them and
+# the named spans, filtered, when something was left out.
+EXTENT_GROUPS = tuple(group for group in SPAN_GROUPS if group != "gpu_optimizer")
 INSTANT_GROUPS = ("memory",)
 KIND_WORDS = {  # how a warning names each kind (count first)
     "negative_duration": "with a negative duration",

@@ -74,8 +74,9 @@ COLLECTIVE_OP_PREFIX = "c10d::"
 # (ncclKernel_..., ncclDevKernel_... from NCCL 2.19; RCCL on ROCm names its kernels the same),
 # PyTorch's symmetric-memory and intra-node collectives (symm_mem, c10d::symmetric_memory::...,
 # c10d::intra_node_comm::...), DeepEP's MoE dispatch and combine (deep_ep::...), vLLM's custom
-# all-reduce (cross_device_reduce_1stage/2stage) and MSCCL++ (mscclpp). A reduction inside one GPU (cub::DeviceReduce, a block reduction) carries
-# none of these. Limit: a library that names its collectives otherwise is read as compute.
+# all-reduce (cross_device_reduce_1stage/2stage) and MSCCL++ (mscclpp). A reduction inside one
+# GPU (cub::DeviceReduce, a block reduction) carries none of these. Limit: a library that names
+# its collectives otherwise is read as compute.
 COLLECTIVE_KERNEL_PATTERN = re.compile(
     r"^(?:void )?(?:nccl|rccl)|symm_mem|symmetric_memory|intra_node_comm|deep_ep"
     r"|cross_device_reduce|mscclpp")
@@ -313,7 +314,8 @@ class Pieces:
     gpu_pids: set = field(default_factory=set)
     named_spans: list[tuple[str, float, float, object]] = field(default_factory=list)
     layer_batches: list[tuple[float, int]] = field(default_factory=list)  # (start µs, batch)
-    # (start µs, name, thread, elements or None) of each collective span and DDP forward
+    # (start µs, end µs, name, pid, thread, elements or None) of each collective span and DDP
+    # forward
     collective_calls: list[tuple] = field(default_factory=list)
     square_softmaxes: list[tuple[float, int]] = field(default_factory=list)  # (start µs, s)
     kind_by_category: dict = field(default_factory=dict)
@@ -495,12 +497,13 @@ def read_gpu_optimizer(pieces: Pieces, group: list) -> None:
 
 
 def extent_of(pieces: Pieces, groups: tuple[str, ...], named: list) -> list[float]:
-    """[first start, last end] of these column groups and named spans ([inf, -inf]: none)."""
+    """[first start, last end] of these column groups and named spans (tuples with start and end
+    second and third; [inf, -inf]: none)."""
     extent = [np.inf, -np.inf]
     for group in groups:
         widen(extent, Spans(pieces.column(f"{group}_start"), pieces.column(f"{group}_end")))
-    for _, start, end, _ in named:
-        extent[:] = [min(extent[0], start), max(extent[1], end)]
+    widen(extent, Spans(np.array([span[1] for span in named], dtype=np.float64),
+                        np.array([span[2] for span in named], dtype=np.float64)))
     return extent
 
 
@@ -528,9 +531,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
     named = [(name, start, end) for name, start, end, pid in pieces.named_spans
              if pid not in pieces.gpu_pids]
     if pieces.cpu_extent[0] > pieces.cpu_extent[1]:  # no operators: the named spans' extent
-        for _, start, end in named:
-            pieces.cpu_extent[:] = [min(pieces.cpu_extent[0], start),
-                                    max(pieces.cpu_extent[1], end)]
+        pieces.cpu_extent = extent_of(pieces, (), named)
 
     def spans_named(keep) -> Spans:
         chosen = sorted((start, end) for name, start, end in named if keep(name))

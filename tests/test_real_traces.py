@@ -34,8 +34,9 @@ test). The hand rules, the same for every trace:
   call of HAND_SYNCS inside the steps returns in the gap, else before_first_op if it is the gap
   the window opens in, else launch from the gap's start until the first of the ops that open the
   next busy interval was enqueued (its runtime call, by correlation id, ended, or the first op
-  with its correlation id started, whichever came first) and other after. Within 1e-6 points; and the causes sum to 100 less the union of the GPU ops
-  clipped to the window, ÷ window (hand_union), within 1e-6 points too.
+  with its correlation id started, whichever came first) and other after. Within 1e-6 points;
+  and the causes sum to 100 less the union of the GPU ops clipped to the window, ÷ window
+  (hand_union), within 1e-6 points too.
 - GPU idle % (Holistic Trace Analysis, temporal breakdown): 100 × (1 − |union of kernel,
   gpu_memcpy and gpu_memset intervals| ÷ (last end − first start)), the union by sort and sweep
   in floats. Within 1e-6 percentage points (the order of float additions differs).
