@@ -1,6 +1,7 @@
-"""A pair's bad and fixed runs side by side.
+"""Two runs side by side: a demo's bad and fixed, or any before and after.
 
     python -m common.compare DEMO_DIR [--json]
+    python -m common.compare BEFORE AFTER [--json]
 
 DEMO_DIR holds bad/ and fixed/, each with the summary.json and the trace a demo script wrote
 (traces/<demo>/). Throughput, step time and peak memory come from the summary (the unprofiled
@@ -9,7 +10,14 @@ come from the trace the summary names (trace_file), through common.analyze. Both
 their conditions (device, device_name, preset, torch_version): a pair that does not is an error,
 not a comparison. A run whose profiled steps ran much slower than its timed ones
 (profiler_overhead_ratio above trace.PROFILER_OVERHEAD_WARN_RATIO) gets a warning: its trace
-exaggerates the CPU's share. Imports no torch.
+exaggerates the CPU's share.
+
+BEFORE and AFTER are any two traces, or run folders (the newest trace in each; a summary.json
+beside it, as common.profile_steps writes for your own loop, adds its timed numbers): step time,
+the parts of the step as per-step changes in ms, the GPU's idle time by cause, the verdicts
+before and after, what changed, and what still bounds the step. Two runs on different devices
+are compared with a warning, not refused: the change then includes the hardware. Imports no
+torch.
 """
 from __future__ import annotations
 
@@ -18,9 +26,10 @@ import sys
 from pathlib import Path
 
 from common import analyze, trace
-from common.metrics import TimeByName, time_by_name
+from common.metrics import BREAKDOWN_ROLES, TimeByName, time_by_name
 
-VARIANTS = ("bad", "fixed")
+VARIANTS = ("bad", "fixed")  # a demo's two runs
+BEFORE_AFTER = ("before", "after")  # any two runs
 
 
 THROUGHPUT_LABELS = {"samples_per_s": "samples/s", "tokens_per_s": "real tokens/s"}
@@ -79,13 +88,17 @@ def check_same_conditions(demo_dir: Path, bad: dict, fixed: dict) -> None:
 def analyze_variant(demo_dir: Path, variant: str, summary: dict) -> dict:
     """{"summary": summary, "analysis": analyze_trace of the trace the summary names (or, with no
     trace_file in it, the run's newest trace), "detail": its analyze.Analysis (not JSON)}."""
-    run_dir = Path(demo_dir) / variant
-    trace_path = run_dir
-    if summary.get("trace_file"):
-        trace_path = run_dir / str(summary["trace_file"])
+    return analyze_run(Path(demo_dir) / variant, summary)
+
+
+def analyze_run(path: Path, summary: dict) -> dict:
+    """analyze_variant for a run folder or a trace file `path`."""
+    trace_path = path
+    if summary.get("trace_file") and path.is_dir():
+        trace_path = path / str(summary["trace_file"])
         if not trace_path.is_file():  # never another trace in its place: it may be a stale one
-            raise CompareError(f"{run_dir / trace.SUMMARY_FILE} names {summary['trace_file']}, "
-                               f"which is missing from {run_dir}")
+            raise CompareError(f"{path / trace.SUMMARY_FILE} names {summary['trace_file']}, "
+                               f"which is missing from {path}")
     try:
         analysis = analyze.analyze(trace_path)
     except trace.TraceError as error:
@@ -96,6 +109,37 @@ def analyze_variant(demo_dir: Path, variant: str, summary: dict) -> dict:
 
 def ratio(new, old) -> float | None:
     return new / old if new is not None and old else None
+
+
+def change_words(change: float | None, better: int = 0) -> str:
+    """A ratio (new ÷ old) in words with its direction: "11.30x higher", "5.88x lower" (the
+    old value over the new, so that both read as a factor above 1), "the same" where it prints
+    as 1.00x, and ", better" or ", worse" where the row says which way is good (`better`: +1
+    higher is better, -1 lower is better, 0 neither)."""
+    if change is None:
+        return ""
+    if f"{change:.2f}" == "1.00":
+        return "the same"
+    if change == 0:
+        return "down to 0"
+    words = f"{change:.2f}x higher" if change > 1 else f"{1 / change:.2f}x lower"
+    if better:
+        words += ", better" if (change > 1) == (better > 0) else ", worse"
+    return words
+
+
+def headline(comparison: dict) -> str:
+    """The result in a few words, direction included: "11.30x more samples/s, 0.17x the peak
+    memory"; "" where the runs have no timed summaries."""
+    parts = []
+    speedup, unit = comparison.get("speedup"), comparison.get("speedup_of")
+    if speedup is not None:
+        parts.append(f"{speedup:.2f}x more {unit}" if speedup >= 1
+                     else f"{speedup:.2f}x the {unit} (slower)")
+    memory = comparison.get("peak_memory_ratio")
+    if memory is not None:
+        parts.append(f"{memory:.2f}x the peak memory")
+    return ", ".join(parts)
 
 
 def profiler_overhead_ratio(summary: dict) -> float | None:
@@ -111,7 +155,7 @@ def profiler_warnings(comparison: dict) -> list[str]:
     times its timed p50: the profiler's per-operator cost (record_shapes, profile_memory) then
     inflates the trace's CPU time, and only the unprofiled numbers stand."""
     warnings = []
-    for variant in VARIANTS:
+    for variant in comparison["variants"]:
         overhead = comparison["profiler_overhead_ratio"][variant]
         if overhead is not None and overhead > trace.PROFILER_OVERHEAD_WARN_RATIO:
             warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
@@ -123,6 +167,9 @@ def profiler_warnings(comparison: dict) -> list[str]:
 def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
     """Both variants, and fixed ÷ bad for throughput and peak memory."""
     demo_dir = Path(demo_dir)
+    if demo_dir.is_file():
+        raise CompareError(f"{demo_dir}: one trace; compare takes a demo's folder (holding bad/ "
+                           f"and fixed/) or two runs: python -m common.compare BEFORE AFTER")
     if not demo_dir.is_dir():
         raise CompareError(f"{demo_dir}: no such directory (a demo's output folder, "
                            f"e.g. traces/dataloader_workers, holding bad/ and fixed/)")
@@ -130,44 +177,173 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
     check_same_conditions(demo_dir, *(summaries[v] for v in VARIANTS))  # before the slow part
     runs = {variant: analyze_variant(demo_dir, variant, summaries[variant])
             for variant in VARIANTS}
-    changed = what_changed(*(time_by_name(runs[v]["detail"].columns, runs[v]["detail"].window,
-                                          runs[v]["detail"].steps.size,
-                                          host_window=runs[v]["detail"].host_window)
-                             for v in VARIANTS))
-    if not keep_detail:
-        for variant in VARIANTS:
-            del runs[variant]["detail"]
-    bad, fixed = (runs[v]["summary"] for v in VARIANTS)
-    # A pair whose batches vary in length (padding_waste) is judged by real tokens/s: its samples
-    # differ in size from step to step, and padding is work that trains nothing.
-    by_tokens = bad.get("tokens_per_s") is not None and fixed.get("tokens_per_s") is not None
-    throughput = "tokens_per_s" if by_tokens else "samples_per_s"
-    comparison = {
-        "demo": bad.get("demo", demo_dir.name), **runs,
-        "speedup": ratio(fixed[throughput], bad[throughput]),
-        "speedup_of": THROUGHPUT_LABELS[throughput],
-        "peak_memory_ratio": ratio(fixed.get("peak_memory_mb"), bad.get("peak_memory_mb")),
-        # Per variant, null where an older summary lacks them.
-        "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in VARIANTS},
-        "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
-                                    for v in VARIANTS}}
-    comparison["what_changed"] = changed
+    comparison = side_by_side(runs, bad_or_before(runs).get("demo", demo_dir.name), keep_detail)
     # A pair run as several ranks (ddp_no_sync): every rank's step and collective time.
     comparison["ranks"] = {v: (analyze.analyze_ranks(demo_dir / v) or {}).get("cross_rank")
                            for v in VARIANTS}
-    comparison["warnings"] = profiler_warnings(comparison) + [
-        f"{v}: {line}" for v in VARIANTS for line in runs[v]["analysis"]["warnings"]]
     return comparison
+
+
+def bad_or_before(runs: dict) -> dict:
+    return next(iter(runs.values()))["summary"]
+
+
+def run_summary(path: Path) -> dict:
+    """The summary.json in a run folder (a demo's, or common.profile_steps's for your own loop);
+    {} for a trace file, or a folder of traces from elsewhere."""
+    summary_path = path / trace.SUMMARY_FILE
+    if not (path.is_dir() and summary_path.is_file()):
+        return {}
+    try:
+        summary = json.loads(summary_path.read_text())
+    except ValueError as error:
+        raise CompareError(f"{summary_path}: not JSON ({error})") from None
+    return summary if isinstance(summary, dict) and "samples_per_s" in summary else {}
+
+
+def compare_runs(before: Path, after: Path, keep_detail: bool = False) -> dict:
+    """Any two runs (trace files or run folders), before and after a change."""
+    paths = dict(zip(BEFORE_AFTER, (Path(before), Path(after))))
+    for path in paths.values():
+        if not path.exists():
+            raise CompareError(f"{path}: no such file or directory (a trace, "
+                               f".pt.trace.json[.gz], or a folder holding one)")
+    summaries = {label: run_summary(path) for label, path in paths.items()}
+    if not all(summaries.values()):  # timed numbers only where both runs have them
+        summaries = dict.fromkeys(BEFORE_AFTER, {})
+    runs = {label: analyze_run(path, summaries[label]) for label, path in paths.items()}
+    comparison = side_by_side(runs, "before vs after", keep_detail)
+    comparison["ranks"] = dict.fromkeys(BEFORE_AFTER)
+    comparison["warnings"] = before_after_warnings(comparison) + comparison["warnings"]
+    return comparison
+
+
+def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
+    """The comparison of two analysed runs ({label: analyze_run's}), in the order given: the
+    second over the first for throughput and peak memory, what changed, the parts of the step
+    per step, what still bounds the later one, and the warnings."""
+    labels = tuple(runs)
+    details = [runs[label]["detail"] for label in labels]
+    changed = what_changed(*(time_by_name(d.columns, d.window, d.steps.size,
+                                          host_window=d.host_window) for d in details),
+                           labels=labels)
+    if not keep_detail:
+        for label in labels:
+            del runs[label]["detail"]
+    old, new = (runs[label]["summary"] for label in labels)
+    # A pair whose batches vary in length (padding_waste) is judged by real tokens/s: its samples
+    # differ in size from step to step, and padding is work that trains nothing.
+    by_tokens = old.get("tokens_per_s") is not None and new.get("tokens_per_s") is not None
+    throughput = "tokens_per_s" if by_tokens else "samples_per_s"
+    comparison = {
+        "demo": title, "variants": labels, **runs,
+        "speedup": ratio(new.get(throughput), old.get(throughput)),
+        "speedup_of": THROUGHPUT_LABELS[throughput],
+        "peak_memory_ratio": ratio(new.get("peak_memory_mb"), old.get("peak_memory_mb")),
+        # Per variant, null where an older summary lacks them.
+        "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in labels},
+        "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
+                                    for v in labels},
+        "step_parts_ms": {v: step_parts_ms(runs[v]["analysis"]) for v in labels},
+        "still_bounds": still_bounds(runs[labels[-1]]["analysis"]),
+        "what_changed": changed}
+    comparison["warnings"] = profiler_warnings(comparison) + [
+        f"{v}: {line}" for v in labels for line in runs[v]["analysis"]["warnings"]]
+    return comparison
+
+
+def step_parts_ms(analysis: dict) -> dict[str, float]:
+    """The step's parts in ms per step: the breakdown (each instant once: kernel, memcpy,
+    memset, runtime, DataLoader, CPU exec, other) and, on a GPU trace, its idle time by cause
+    (GPU idle: dataloader, ...), each idle share of the window as ms of the mean step."""
+    parts = dict(analysis["step_breakdown_ms"])
+    gpu = analysis["gpu"]
+    if gpu:
+        step_ms = analysis["window_ms"] / analysis["steps"]
+        parts.update({f"GPU idle: {cause}": pct / 100.0 * step_ms
+                      for cause, pct in gpu["idle_by_cause_pct"].items()})
+    return parts
+
+
+# On a GPU trace, what holds the step: the GPU's own work, or the cause of its idle time
+# (metrics.IDLE_CAUSES), in words.
+BOUND_WORDS = {
+    "busy": "the GPU's own work: faster kernels (precision, fusion, attention) shorten the step",
+    "dataloader": "the GPU waiting for the DataLoader",
+    "host_sync": "the GPU drained for host syncs (.item(), .cpu(), a blocking copy)",
+    "before_first_op": "the GPU waiting for its first op of the window",
+    "launch": "the GPU waiting for the host to enqueue work (Python, dispatch, launch calls)",
+    "other": "the GPU waiting with work queued (another stream, an event, another rank)"}
+# On a CPU-only trace, what each part of the step breakdown means.
+PART_WORDS = {
+    "dataloader": "waiting for batches", "cpu_exec": "the CPU's operators",
+    "other": "the host outside operators (Python, waits)", "runtime": "runtime calls",
+    "kernel": "kernels", "memcpy": "copies", "memset": "memsets"}
+
+
+def still_bounds(analysis: dict) -> str:
+    """What holds the step now. On a GPU trace the largest of the GPU's busy share and each idle
+    cause's; on a CPU trace the largest part of the step breakdown; then the verdicts that fired
+    (ids), which say what to do."""
+    gpu = analysis["gpu"]
+    if gpu:
+        shares = {"busy": gpu["utilization_pct"], **gpu["idle_by_cause_pct"]}
+        largest = max(shares, key=shares.get)
+        text = f"{BOUND_WORDS[largest]} ({shares[largest]:.0f} % of the steps)"
+    else:
+        parts = analysis["step_breakdown_ms"]
+        largest = max(parts, key=parts.get)
+        total_ms = sum(parts.values()) or 1.0
+        text = f"{PART_WORDS[largest]} ({100.0 * parts[largest] / total_ms:.0f} % of the steps)"
+    verdicts = ", ".join(found["id"] for found in analysis["findings"])
+    return text + (f"; verdicts: {verdicts}" if verdicts else "; no verdict fired")
+
+
+# Below this many profiled steps, one slow step moves the p50 (3 steps: the p50 is one step)
+# and a difference in step time is not a result; torch.profiler's default schedule records
+# 3 (ours too, for timing we use the unprofiled phase). 5 is the smallest count whose p50 has two
+# steps on each side.
+FEW_STEPS = 5
+# A p95 more than half again the p50: steps differ more than most fixes gain (a DataLoader that
+# delivers in bursts, a sync on some steps), so one run's mean says little.
+STEP_SPREAD_MAX = 1.5
+
+
+def before_after_warnings(comparison: dict) -> list[str]:
+    """Why two runs' step times may not compare: few steps, a wide spread (the timed phase's
+    where a summary has it, else the trace's), other hardware."""
+    warnings = []
+    for label in comparison["variants"]:
+        summary, analysis = comparison[label]["summary"], comparison[label]["analysis"]
+        if not summary and analysis["steps"] < FEW_STEPS:
+            warnings.append(f"{label}: {analysis['steps']} step(s) in the trace (fewer than "
+                            f"{FEW_STEPS}): its step time is a sample of one or two, so compare "
+                            f"the parts of the step, not its total")
+        p50, p95 = ((summary["step_ms_p50"], summary["step_ms_p95"]) if summary
+                    else (analysis["step_ms"]["p50"], analysis["step_ms"]["p95"]))
+        if p50 and p95 / p50 > STEP_SPREAD_MAX:
+            warnings.append(f"{label}: steps vary (p95 {p95:.1f} ms is {p95 / p50:.2f}x the p50 "
+                            f"{p50:.1f} ms; warn above {STEP_SPREAD_MAX}x): one run's mean says "
+                            f"little, measure more steps")
+    old, new = (comparison[label]["analysis"] for label in comparison["variants"])
+    if (old["device"], old["gpu_name"]) != (new["device"], new["gpu_name"]):
+        warnings.append(f"the runs are on different devices ({old['device']} "
+                        f"{old['gpu_name'] or ''} vs {new['device']} {new['gpu_name'] or ''}): "
+                        f"every change includes the hardware's")
+    return warnings
 
 
 WHAT_CHANGED_SHOWN = 8  # operators and kernels listed each, the largest change in ms/step first
 
 
-def what_changed(bad: TimeByName, fixed: TimeByName) -> dict[str, list[dict]]:
+def what_changed(bad: TimeByName, fixed: TimeByName,
+                 labels: tuple[str, str] = VARIANTS) -> dict[str, list[dict]]:
     """The operators and kernels whose total time per step changed most from bad to fixed (HTA's
     trace_diff, per step): name, ms per step and calls per step in each (0 where a name is
-    absent). Operator times are self times (metrics.self_time_us: the operators a parent holds on
-    its thread are taken off its time)."""
+    absent), keyed by `labels` ("bad_ms_per_step", or "before_..." for any two runs). Operator
+    times are self times (metrics.self_time_us: the operators a parent holds on its thread are
+    taken off its time); kernels are those the recorded steps ran (metrics.kernels_of_steps)."""
+    old, new = labels
     changed = {}
     for kind in ("operators", "kernels"):
         before, after = getattr(bad, kind), getattr(fixed, kind)
@@ -175,9 +351,10 @@ def what_changed(bad: TimeByName, fixed: TimeByName) -> dict[str, list[dict]]:
         for name in before.keys() | after.keys():
             bad_ms, bad_calls = before.get(name, (0.0, 0.0))
             fixed_ms, fixed_calls = after.get(name, (0.0, 0.0))
-            rows.append({"name": name, "bad_ms_per_step": bad_ms, "fixed_ms_per_step": fixed_ms,
-                         "bad_calls_per_step": bad_calls, "fixed_calls_per_step": fixed_calls})
-        rows.sort(key=lambda row: (-abs(row["fixed_ms_per_step"] - row["bad_ms_per_step"]),
+            rows.append({"name": name, f"{old}_ms_per_step": bad_ms,
+                         f"{new}_ms_per_step": fixed_ms, f"{old}_calls_per_step": bad_calls,
+                         f"{new}_calls_per_step": fixed_calls})
+        rows.sort(key=lambda row: (-abs(row[f"{new}_ms_per_step"] - row[f"{old}_ms_per_step"]),
                                    row["name"]))
         changed[kind] = rows[:WHAT_CHANGED_SHOWN]
     return changed
@@ -187,64 +364,92 @@ def gpu_value(name: str):
     return lambda run: (run["analysis"]["gpu"] or {}).get(name)
 
 
-# (label, how to read it from one variant, format). Summary numbers first, then the trace's.
+# (label, how to read it from one variant, format, which way is better: +1 higher, -1 lower, 0
+# neither). Summary numbers first (the timed phase), then the trace's.
 ROWS = [
-    ("samples/s", lambda run: run["summary"]["samples_per_s"], ".1f"),
-    ("real tokens/s", lambda run: run["summary"].get("tokens_per_s"), ".0f"),
-    ("padding %", lambda run: run["summary"].get("padding_pct"), ".1f"),
-    ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f"),
-    ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f"),
-    ("peak memory MB", lambda run: run["summary"].get("peak_memory_mb"), ".1f"),
-    ("data wait %", lambda run: run["summary"].get("data_wait_pct"), ".1f"),
-    ("profiled/timed step", lambda run: profiler_overhead_ratio(run["summary"]), ".2f"),
-    ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f"),
+    ("samples/s", lambda run: run["summary"].get("samples_per_s"), ".1f", 1),
+    ("real tokens/s", lambda run: run["summary"].get("tokens_per_s"), ".0f", 1),
+    ("padding %", lambda run: run["summary"].get("padding_pct"), ".1f", -1),
+    ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f", -1),
+    ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f", -1),
+    ("peak memory MB", lambda run: run["summary"].get("peak_memory_mb"), ".1f", -1),
+    ("data wait %", lambda run: run["summary"].get("data_wait_pct"), ".1f", -1),
+    ("profiled/timed step", lambda run: profiler_overhead_ratio(run["summary"]), ".2f", 0),
+    # The recorded steps' time, for runs without a timed phase (traces from elsewhere).
+    ("trace step p50 ms", lambda run: None if run["summary"] else run["analysis"]["step_ms"]["p50"],
+     ".1f", -1),
+    ("trace step p95 ms", lambda run: None if run["summary"] else run["analysis"]["step_ms"]["p95"],
+     ".1f", -1),
+    ("trace peak memory MB",
+     lambda run: None if run["summary"] else run["analysis"]["peak_memory_mb"], ".1f", -1),
+    ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f", -1),
     ("optimizer ms/step", lambda run: (run["analysis"].get("optimizer") or {}).get("ms_per_step"),
-     ".1f"),
-    ("GPU utilization %", gpu_value("utilization_pct"), ".1f"),
-    ("GPU idle %", gpu_value("idle_pct"), ".1f"),
+     ".1f", -1),
+    ("GPU utilization %", gpu_value("utilization_pct"), ".1f", 1),
+    ("GPU idle %", gpu_value("idle_pct"), ".1f", -1),
     *((f"GPU idle: {analyze.IDLE_CAUSE_LABELS[cause]} %",
-       lambda run, cause=cause: (gpu_value("idle_by_cause_pct")(run) or {}).get(cause), ".1f")
+       lambda run, cause=cause: (gpu_value("idle_by_cause_pct")(run) or {}).get(cause), ".1f", -1)
       for cause in analyze.IDLE_CAUSES),
-    ("kernels/step", gpu_value("kernels_per_step"), ".0f"),
-    ("median kernel us", gpu_value("median_kernel_us"), ".1f"),
-    ("launches/step", gpu_value("launches_per_step"), ".0f"),
-    ("syncs/step", gpu_value("syncs_per_step"), ".1f"),
-    ("tensor cores % of kernel time", gpu_value("tensor_core_pct"), ".0f"),
-    ("tensor cores % of GEMM time", gpu_value("tensor_core_gemm_pct"), ".0f"),
+    ("kernels/step", gpu_value("kernels_per_step"), ".0f", 0),
+    ("median kernel us", gpu_value("median_kernel_us"), ".1f", 0),
+    ("launches/step", gpu_value("launches_per_step"), ".0f", 0),
+    ("syncs/step", gpu_value("syncs_per_step"), ".1f", -1),
+    ("tensor cores % of kernel time", gpu_value("tensor_core_pct"), ".0f", 1),
+    ("tensor cores % of GEMM time", gpu_value("tensor_core_gemm_pct"), ".0f", 1),
 ]
+# Which way each row is better, by label (change_words' `better`).
+BETTER = {label: better for label, _, _, better in ROWS}
 
 
 # Rows shown as n/a rather than left out when neither summary has them: the harness's newer
-# fields, absent from older summaries (the reader learns the run predates them).
+# fields, absent from older summaries (the reader learns the run predates them). Not for runs
+# with no summary at all (traces from elsewhere): they have no timed phase to miss.
 ALWAYS_SHOWN_ROWS = ("data wait %", "profiled/timed step")
-# Rows with no fixed ÷ bad: a share of near-zero waits (0.03 % against 0.02 %) or a ratio of two
-# ratios reads as a change where there is none.
+# Rows with no change column: a share of near-zero waits (0.03 % against 0.02 %) or a ratio of
+# two ratios reads as a change where there is none.
 NO_RATIO_ROWS = ("data wait %", "profiled/timed step",
                  *(f"GPU idle: {analyze.IDLE_CAUSE_LABELS[c]} %" for c in analyze.IDLE_CAUSES))
 
 
+def change_header(comparison: dict) -> str:
+    old, new = comparison["variants"]
+    return f"{new} vs {old}"
+
+
 def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
-    """(label, bad, fixed, fixed ÷ bad) as text; rows with no value in either variant are left
-    out (a CPU run has no GPU rows), but for ALWAYS_SHOWN_ROWS."""
+    """(label, bad, fixed, the change in words) as text; rows with no value in either variant
+    are left out (a CPU run has no GPU rows), but for ALWAYS_SHOWN_ROWS where the runs have
+    summaries."""
+    labels = comparison["variants"]
+    has_summaries = any(comparison[v]["summary"] for v in labels)
     rows = []
-    for label, read, spec in ROWS:
-        bad, fixed = (read(comparison[v]) for v in VARIANTS)
-        if bad is None and fixed is None and label not in ALWAYS_SHOWN_ROWS:
+    for label, read, spec, better in ROWS:
+        bad, fixed = (read(comparison[v]) for v in labels)
+        if bad is None and fixed is None and not (label in ALWAYS_SHOWN_ROWS and has_summaries):
             continue
         shown = ["n/a" if x is None else f"{x:{spec}}" for x in (bad, fixed)]
         change = None if label in NO_RATIO_ROWS else ratio(fixed, bad)
-        rows.append((label, *shown, "" if change is None else f"{change:.2f}x"))
+        rows.append((label, *shown, change_words(change, better)))
     verdicts = [", ".join(f["id"] for f in comparison[v]["analysis"]["findings"]) or "none"
-                for v in VARIANTS]
+                for v in labels]
     rows.append(("verdicts", *verdicts, ""))
     return rows
 
 
 def conditions(comparison: dict) -> str:
-    """The run's conditions: device, torch, preset, batch, timed steps."""
-    bad, fixed = (comparison[v]["summary"] for v in VARIANTS)
+    """The run's conditions: device, torch, preset, batch, timed steps (from the summaries);
+    for runs without them, each trace's device and recorded steps."""
+    labels = comparison["variants"]
+    bad, fixed = (comparison[v]["summary"] for v in labels)
+    if not bad:
+        return "; ".join(
+            f"{v}: {run['analysis']['trace']} ({run['analysis']['device']}"
+            + (f", {run['analysis']['gpu_name']}" if run["analysis"]["gpu_name"] else "")
+            + f", {run['analysis']['steps']} recorded step(s))"
+            for v, run in ((v, comparison[v]) for v in labels))
     batch = (str(bad.get("batch_size")) if bad.get("batch_size") == fixed.get("batch_size")
-             else f"{bad.get('batch_size')} (bad) / {fixed.get('batch_size')} (fixed)")
+             else f"{bad.get('batch_size')} ({labels[0]}) / {fixed.get('batch_size')} "
+                  f"({labels[1]})")
     return (f"{bad.get('device')} ({bad.get('device_name')}), torch {bad.get('torch_version')}, "
             f"preset {bad.get('preset')}, batch {batch}, {bad.get('steps')} timed steps, "
             f"run {bad.get('created_utc', 'n/a')}")
@@ -253,7 +458,7 @@ def conditions(comparison: dict) -> str:
 def notes(comparison: dict) -> list[str]:
     """Notes a demo's summary carries (e.g. why a CPU cannot show the effect)."""
     found = []
-    for variant in VARIANTS:
+    for variant in comparison["variants"]:
         summary = comparison[variant]["summary"]
         for key in ("note", "notes"):
             value = summary.get(key)
@@ -263,23 +468,40 @@ def notes(comparison: dict) -> list[str]:
     return found
 
 
+def step_parts_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
+    """(part, ms per step in each run, the change in ms): the step's parts (step_parts_ms),
+    those under 0.05 ms in both left out."""
+    labels = comparison["variants"]
+    old, new = (comparison["step_parts_ms"][v] for v in labels)
+    rows = []
+    for part in old.keys() | new.keys():
+        a, b = old.get(part, 0.0), new.get(part, 0.0)
+        if max(a, b) >= 0.05:
+            rows.append((part, f"{a:.2f}", f"{b:.2f}", f"{b - a:+.2f} ms"))
+    order = [*BREAKDOWN_ROLES, *(f"GPU idle: {c}" for c in analyze.IDLE_CAUSES)]
+    return sorted(rows, key=lambda row: order.index(row[0]) if row[0] in order else len(order))
+
+
 def format_text(comparison: dict) -> str:
-    rows = [("", "bad", "fixed", "fixed/bad")] + table_rows(comparison)
+    labels = comparison["variants"]
+    rows = [("", *labels, change_header(comparison))] + table_rows(comparison)
     lines = [f"{comparison['demo']}: {conditions(comparison)}"]
-    lines += analyze.text_table(rows, right=(1, 2, 3))
-    if comparison["speedup"] is not None:
-        lines.append(f"  fixed / bad: {comparison['speedup']:.2f}x {comparison['speedup_of']}"
-                     + (f", {comparison['peak_memory_ratio']:.2f}x peak memory"
-                        if comparison["peak_memory_ratio"] is not None else ""))
-    for variant in VARIANTS:
+    lines += analyze.text_table(rows, right=(1, 2))
+    if headline(comparison):
+        lines.append(f"  {change_header(comparison)}: {headline(comparison)}")
+    if labels == BEFORE_AFTER:  # no demo's walkthrough beside it: the parts of the step
+        parts = [("per step, ms", *labels, "change")] + step_parts_rows(comparison)
+        lines += analyze.text_table(parts, right=(1, 2, 3))
+    for variant in labels:
         for found in comparison[variant]["analysis"]["findings"]:
             lines.append(f"  {variant}: [{found['severity']}] {found['id']}: {found['evidence']}")
+    if labels == BEFORE_AFTER:
+        lines.append(f"  still bounds the step ({labels[1]}): {comparison['still_bounds']}")
     lines += [f"  {line}" for line in rank_lines(comparison)]
-    lines += what_changed_lines(comparison["what_changed"])
+    lines += what_changed_lines(comparison["what_changed"], labels)
     lines += [f"  warning: {text}" for text in comparison["warnings"]]
     lines += [f"  note: {text}" for text in notes(comparison)]
     return "\n".join(lines)
-
 
 
 def rank_lines(comparison: dict) -> list[str]:
@@ -301,45 +523,56 @@ def short_name(name: str) -> str:
     return name if len(name) <= NAME_SHOWN_CHARS else name[:NAME_SHOWN_CHARS - 3] + "..."
 
 
-def what_changed_rows(changed: dict) -> list[tuple[str, str, str, str, str]]:
+def what_changed_rows(changed: dict, labels: tuple[str, str] = VARIANTS
+                      ) -> list[tuple[str, str, str, str, str]]:
     """(kind, name, bad ms/step, fixed ms/step, calls/step bad -> fixed) as text."""
+    old, new = labels
     rows = []
     for kind, label in (("operators", "operator"), ("kernels", "kernel")):
         for row in changed[kind]:
-            rows.append((label, short_name(row["name"]), f"{row['bad_ms_per_step']:.2f}",
-                         f"{row['fixed_ms_per_step']:.2f}",
-                         f"{row['bad_calls_per_step']:.1f} -> {row['fixed_calls_per_step']:.1f}"))
+            rows.append((label, short_name(row["name"]), f"{row[f'{old}_ms_per_step']:.2f}",
+                         f"{row[f'{new}_ms_per_step']:.2f}",
+                         f"{row[f'{old}_calls_per_step']:.1f} -> "
+                         f"{row[f'{new}_calls_per_step']:.1f}"))
     return rows
 
 
-def what_changed_lines(changed: dict) -> list[str]:
-    rows = what_changed_rows(changed)
+def what_changed_lines(changed: dict, labels: tuple[str, str] = VARIANTS) -> list[str]:
+    rows = what_changed_rows(changed, labels)
     if not rows:
         return []
-    rows = [("", "what changed most (time per step)", "bad ms", "fixed ms", "calls/step")] + rows
+    rows = [("", "what changed most (time per step)", f"{labels[0]} ms", f"{labels[1]} ms",
+             "calls/step")] + rows
     return analyze.text_table(rows, right=(2, 3))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.compare",
-        description="A demo's bad and fixed runs side by side: throughput, step time, data "
-                    "wait, profiler overhead, GPU utilization and idle (by cause), kernels, "
-                    "syncs, peak memory, the verdicts and the operators and kernels whose time "
-                    "changed most.",
-        epilog="Exit code 2 when DEMO_DIR/bad or DEMO_DIR/fixed lacks a summary or a trace, or "
-               "when the two ran on a different device, machine, preset or torch version.")
-    parser.add_argument("demo_dir", metavar="DEMO_DIR", type=Path,
-                        help="e.g. traces/dataloader_workers (holds bad/ and fixed/)")
+        description="Two runs side by side. DEMO_DIR: a demo's bad and fixed runs (throughput, "
+                    "step time, data wait, profiler overhead, GPU utilization and idle by cause, "
+                    "kernels, syncs, peak memory, the verdicts, what changed). BEFORE AFTER: any "
+                    "two traces or run folders, yours or anyone's: the same from the traces, "
+                    "the parts of the step as per-step changes, and what still bounds the step.",
+        epilog="Exit code 2 when a path holds no readable trace, when DEMO_DIR/bad or "
+               "DEMO_DIR/fixed lacks a summary or a trace, or when a demo's two runs ran on a "
+               "different device, machine, preset or torch version.")
+    parser.add_argument("paths", metavar="PATH", type=Path, nargs="+",
+                        help="DEMO_DIR (e.g. traces/dataloader_workers, holding bad/ and fixed/), "
+                             "or BEFORE AFTER (each a .pt.trace.json[.gz] or a folder holding one)")
     parser.add_argument("--json", action="store_true",
-                        help="one JSON object, with speedup (fixed / bad, of speedup_of: "
-                             "samples/s, or real tokens/s for a pair that counts them) and "
-                             "peak_memory_ratio, "
-                             "data_wait_pct and profiler_overhead_ratio per variant, "
-                             "what_changed (operators and kernels), warnings")
+                        help="one JSON object: variants (the two labels), each run's summary and "
+                             "analysis, speedup (the second run over the first, of speedup_of: "
+                             "samples/s, or real tokens/s for a pair that counts them; null "
+                             "without summaries), peak_memory_ratio, data_wait_pct and "
+                             "profiler_overhead_ratio per run, step_parts_ms per run, "
+                             "still_bounds, what_changed (operators and kernels), warnings")
     flags = parser.parse_args(argv)
+    if len(flags.paths) > 2:
+        parser.error(f"one DEMO_DIR or two runs (BEFORE AFTER), not {len(flags.paths)} paths")
     try:
-        comparison = compare(flags.demo_dir)
+        comparison = (compare(flags.paths[0]) if len(flags.paths) == 1
+                      else compare_runs(*flags.paths))
     except CompareError as error:
         print(f"compare: {error}", file=sys.stderr)
         return 2

@@ -173,10 +173,40 @@ def self_time_us(ops: Spans, thread: np.ndarray) -> np.ndarray:
     return (duration - children).clip(min=0)
 
 
+def kernels_of_steps(columns: TraceColumns, window: tuple[float, float],
+                     host_window: tuple[float, float]) -> np.ndarray:
+    """Which kernels the recorded steps ran: those launched in the host window (runtime call ->
+    kernel by correlation; a CUDA graph's kernels share their cudaGraphLaunch's), and those with
+    no launch in the trace (NCCL kernels from an untraced thread) that start in the window, on a
+    stream, once that stream's first kernel launched in the steps has begun. When the window
+    opens, a GPU-bound run's GPU is still working through the queue of the step before the
+    recording, whose launches the profiler's warm-up did not keep: counted by the window alone,
+    the H100 dataloader_workers/fixed trace ran every kernel 4 times a step for 3 steps' worth,
+    and identical kernels read as changed. Without runtime calls in the trace (an MI210 trace
+    without CPU events), the window's kernels."""
+    kernels = columns.kernels
+    low, high = window
+    in_window = (kernels.start >= low) & (kernels.start < high)
+    runtime = columns.runtime
+    if not runtime.size:
+        return in_window
+    launched = (runtime.start >= host_window[0]) & (runtime.start < host_window[1])
+    ours = np.isin(columns.kernel_correlation, columns.runtime_correlation[launched])
+    unmatched = in_window & ~np.isin(columns.kernel_correlation, columns.runtime_correlation)
+    if not unmatched.any():
+        return ours
+    stream = columns.kernel_stream
+    # Per stream, the start of its first kernel launched in the steps (a few streams a trace).
+    first_start = {int(s): float(kernels.start[ours & (stream == s)].min())
+                   for s in np.unique(stream[ours])}
+    begun = kernels.start >= np.array([first_start.get(s, -np.inf) for s in stream.tolist()])
+    return ours | (unmatched & begun)
+
+
 def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
                  host_window: tuple[float, float]) -> TimeByName:
-    """Operators' self time in the host window, kernels' time in the window, per name and
-    step."""
+    """Operators' self time in the host window, per name and step; kernels' time per name and
+    step, of the kernels the recorded steps ran (kernels_of_steps)."""
     low, high = host_window
     ops = columns.cpu_ops
     self_us = self_time_us(ops, columns.cpu_op_thread)
@@ -187,9 +217,8 @@ def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: in
     _, first, codes = np.unique(np.fromiter(map(id, op_names), np.int64, op_names.size),
                                 return_index=True, return_inverse=True)
     operators = per_name(codes.ravel(), list(op_names[first]), self_us[in_window], n_steps)
+    in_window = kernels_of_steps(columns, window, host_window)
     kernels = columns.kernels
-    low, high = window
-    in_window = (kernels.start >= low) & (kernels.start < high)
     return TimeByName(operators, per_name(columns.kernel_name_id[in_window],
                                           columns.kernel_name_table,
                                           (kernels.end - kernels.start)[in_window], n_steps))

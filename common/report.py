@@ -294,20 +294,69 @@ def demo_readme(demo: str, out_root: Path) -> str | None:
 
 # --- Rendering. -----------------------------------------------------------------------------------
 
+# The rows a section shows first; the rest are folded under ALL_ROWS_SUMMARY (one click away):
+# a reader first wants how fast, how long a step, how much memory, how busy the GPU, and why.
+PRIMARY_ROWS = ("samples/s", "real tokens/s", "step p50 ms", "peak memory MB", "GPU utilization %",
+                "DataLoader %", "syncs/step", "verdicts")
+ALL_ROWS_SUMMARY = "Every row (timing, idle by cause, kernels, tensor cores)"
+# The words the report uses before it could define them, said once at its top.
+TERMS = ("**Terms.** A *step* is one training iteration (`ProfilerStep#N` in the trace); the "
+         "*timed phase* is the run's steps without the profiler, where throughput and step time "
+         "come from, and the *profiled steps* are the few the trace records. The *window* runs "
+         "from the first profiled step's start to the last one's end on the GPU's clock; the "
+         "*host window* over the same steps as the CPU ran them. A *preset* is a demo's sizes "
+         "for a device (`cuda`, `cpu`, `smoke`). *Utilization*: the share of the window some "
+         "kernel runs; *idle by cause*: what the GPU waited for in the rest. Every term: the "
+         "glossary in `common/README.md`.")
+
+
 def header_lines(out_root: Path, generated: str, leftovers: list[str]) -> list[str]:
     lines = [f"Generated {generated} from the runs under `{out_root}`. Throughput, step time and "
              "peak memory come from each script's unprofiled timed phase (summary.json); GPU "
-             "numbers and verdicts from its trace (`python -m common.analyze`). Definitions and "
-             "thresholds: the top-level README, \"Analyzing a trace\"."]
+             "numbers and verdicts from its trace (`python -m common.analyze`). Each change is "
+             "said with its direction (\"11.30x higher, better\"). Definitions and thresholds: "
+             "`common/README.md`."]
     if leftovers:
         lines.append("Not in this run (folders left from earlier runs, not shown): "
                      + ", ".join(f"`{name}`" for name in leftovers) + ".")
     return lines
 
 
+def summary_rows(sections: list[Section]) -> list[tuple[str, str, str, str]]:
+    """One row a pair: (demo, the result in words, bad's verdicts, fixed's verdicts); a pair
+    without numbers says why."""
+    rows = []
+    for section in sections:
+        if section.status != "ok":
+            rows.append((section.demo, f"no comparison ({section.status})", "", ""))
+            continue
+        c = section.comparison
+        verdicts = [", ".join(f["id"] for f in c[v]["analysis"]["findings"]) or "none"
+                    for v in compare.VARIANTS]
+        rows.append((section.demo, compare.headline(c) or "n/a", *verdicts))
+    return rows
+
+
+def split_rows(comparison: dict) -> tuple[list[tuple], list[tuple]]:
+    """compare.table_rows, as (the PRIMARY_ROWS, the rest)."""
+    rows = compare.table_rows(comparison)
+    return ([row for row in rows if row[0] in PRIMARY_ROWS],
+            [row for row in rows if row[0] not in PRIMARY_ROWS])
+
+
+def markdown_table(rows: list[tuple]) -> list[str]:
+    return (["| | bad | fixed | fixed vs bad |", "|---|---:|---:|---|"]
+            + [f"| {label} | {bad} | {fixed} | {change} |" for label, bad, fixed, change in rows])
+
+
 def render_markdown(sections: list[Section], out_root: Path, generated: str,
                     leftovers: list[str]) -> str:
     lines = ["# Bad vs fixed: the report", ""] + header_lines(out_root, generated, leftovers)
+    lines += ["", "| pair | fixed vs bad | bad's verdicts | fixed's verdicts |",
+              "|---|---|---|---|"]
+    lines += [f"| [{demo}](#{demo}) | {result} | {bad} | {fixed} |"
+              for demo, result, bad, fixed in summary_rows(sections)]
+    lines += ["", TERMS]
     for section in sections:
         lines += ["", f"## {section.demo}", ""]
         if section.status != "ok":
@@ -317,9 +366,11 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
         readme = demo_readme(section.demo, out_root)
         lines.append(compare.conditions(comparison)
                      + (f". Walkthrough: [{section.demo}/README.md]({readme})" if readme else ""))
-        lines += ["", "| | bad | fixed | fixed / bad |", "|---|---:|---:|---:|"]
-        lines += [f"| {label} | {bad} | {fixed} | {change} |"
-                  for label, bad, fixed, change in compare.table_rows(comparison)]
+        primary, rest = split_rows(comparison)
+        lines += ["", f"**{compare.headline(comparison)}**", "", *markdown_table(primary)]
+        if rest:  # GitHub renders a table inside <details> when blank lines surround it
+            lines += ["", f"<details><summary>{ALL_ROWS_SUMMARY}</summary>", "",
+                      *markdown_table(rest), "", "</details>"]
         lines.append("")
         lines += verdict_lines(comparison, markdown=True)
         for text in comparison["warnings"]:  # a quote each: consecutive "> " lines join up
@@ -364,6 +415,14 @@ img { max-width: 100%; } .note { color: #455a64; }
 """
 
 
+def html_table(rows: list[tuple]) -> str:
+    e = html.escape
+    return ("<table><tr><th></th><th>bad</th><th>fixed</th><th>fixed vs bad</th></tr>"
+            + "".join(f"<tr><td>{e(label)}</td><td class=\"n\">{e(bad)}</td>"
+                      f"<td class=\"n\">{e(fixed)}</td><td>{e(change)}</td></tr>"
+                      for label, bad, fixed, change in rows) + "</table>")
+
+
 def data_uri(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
 
@@ -376,6 +435,13 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
              "<h1>Bad vs fixed: the report</h1>"]
     parts += [f"<p>{e(line).replace('`', '')}</p>" for line in header_lines(out_root, generated,
                                                                               leftovers)]
+    parts.append("<table><tr><th>pair</th><th>fixed vs bad</th><th>bad's verdicts</th>"
+                 "<th>fixed's verdicts</th></tr>")
+    parts += [f"<tr><td><a href=\"#{e(demo)}\">{e(demo)}</a></td><td>{e(result)}</td>"
+              f"<td>{e(bad)}</td><td>{e(fixed)}</td></tr>"
+              for demo, result, bad, fixed in summary_rows(sections)]
+    parts.append("</table>")
+    parts.append(f"<p>{e(TERMS).replace('**', '').replace('*', '').replace('`', '')}</p>")
     for section in sections:
         parts.append(f"<h2 id=\"{e(section.demo)}\">{e(section.demo)}</h2>")
         if section.status != "ok":
@@ -387,11 +453,13 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
         parts.append(f"<p>{e(compare.conditions(comparison))}"
                      + (f". Walkthrough: <a href=\"{e(readme)}\">{e(section.demo)}/README.md</a>"
                         if readme else "") + "</p>")
-        parts.append("<table><tr><th></th><th>bad</th><th>fixed</th><th>fixed / bad</th></tr>")
-        for label, bad, fixed, change in compare.table_rows(comparison):
-            parts.append(f"<tr><td>{e(label)}</td><td class=\"n\">{e(bad)}</td>"
-                         f"<td class=\"n\">{e(fixed)}</td><td class=\"n\">{e(change)}</td></tr>")
-        parts.append("</table><ul>")
+        primary, rest = split_rows(comparison)
+        parts.append(f"<p><b>{e(compare.headline(comparison))}</b></p>")
+        parts.append(html_table(primary))
+        if rest:
+            parts.append(f"<details><summary>{e(ALL_ROWS_SUMMARY)}</summary>{html_table(rest)}"
+                         f"</details>")
+        parts.append("<ul>")
         parts += [f"<li>{e(line[2:])}</li>" for line in verdict_lines(comparison, markdown=False)]
         parts.append("</ul>")
         parts += [f"<p class=\"warning\"><b>Warning:</b> {e(text)}</p>"

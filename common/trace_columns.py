@@ -139,6 +139,7 @@ class TraceColumns:
     kernel_name_id: np.ndarray  # index into kernel_name_table
     kernel_name_table: list[str]
     kernel_correlation: np.ndarray
+    kernel_stream: np.ndarray  # each kernel's stream (its tid; what_changed's kernels_of_steps)
     memcpy: Spans
     memcpy_h2d: np.ndarray  # bool per memcpy
     memcpy_correlation: np.ndarray
@@ -382,6 +383,7 @@ def read_piece(pieces: Pieces, events: list) -> None:
                 ids.setdefault(name, len(ids))
             pieces.add("kernel_name_id", np.fromiter(map(ids.__getitem__, names), np.int64,
                                                      len(names)))
+            pieces.add("kernel_stream", thread_ids(pieces, group))  # a GPU event's tid: its stream
         elif kind == "memcpy":
             names = names_of(group)
             pieces.add("memcpy_h2d", [H2D_MARKER in name for name in names])
@@ -563,6 +565,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         kernel_name_id=pieces.column("kernel_name_id", np.int64),
         kernel_name_table=list(pieces.kernel_name_ids),
         kernel_correlation=pieces.column("kernel_correlation", np.int64),
+        kernel_stream=pieces.column("kernel_stream", np.int64),
         memcpy=Spans(pieces.column("memcpy_start"), pieces.column("memcpy_end")),
         memcpy_h2d=memcpy_h2d, memcpy_correlation=pieces.column("memcpy_correlation", np.int64),
         memset=Spans(pieces.column("memset_start"), pieces.column("memset_end")),

@@ -85,8 +85,9 @@ def test_text_table_rows_and_ratios(synthetic_pairs_out, capsys):
     for label in ("samples/s", "step p50 ms", "GPU utilization %", "GPU idle %", "kernels/step",
                   "median kernel us", "syncs/step", "peak memory MB", "verdicts"):
         assert label in rows, label
-    assert rows["samples/s"].split()[-1] == "5.30x"
-    assert "fixed / bad: 5.30x samples/s, 4.00x peak memory" in out
+    assert rows["samples/s"].split()[-3:] == ["5.30x", "higher,", "better"]
+    assert rows["peak memory MB"].split()[-3:] == ["4.00x", "higher,", "worse"]
+    assert "fixed vs bad: 5.30x more samples/s, 4.00x the peak memory" in out
     assert "bad: [high] small_batch:" in out or "bad: [medium] small_batch:" in out
 
 

@@ -191,3 +191,51 @@ def test_what_changed_in_text_and_report(changed_pair, capsys):
     assert "| operator | `aten::item` | 0.06 | 0.00 | 1.0 -> 0.0 |" in text
     assert "GPU busy and idle by cause" in text or "Why the GPU is idle" in text
     assert "<code>aten::item</code>" in page.read_text()
+
+
+SIDE_COPY = "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>"
+
+
+def queued_trace(backlog: bool, nccl: bool = False) -> KinetoTrace:
+    """changed_trace's 2 steps (a bf16 GEMM of 400 µs), no .item(), and a copy kernel on a side
+    stream at the start of each step (launched at +1 µs, run at +2..+5). With `backlog`, the GPU
+    opens the window still running the step before the recording on the main stream: a GEMM and
+    an elementwise kernel at +5..+25 whose launches the trace does not hold (the profiler's
+    warm-up dropped them). With `nccl`, a kernel with no launch in the trace on a stream of its
+    own, mid-step, once a step."""
+    t = changed_trace(2, 400, item=False)
+    main_stream = t.stream
+    t.stream = 8
+    for index in range(2):
+        at = T0 + index * 1000
+        t.launch(at + 1, 0.5, at + 2, 3, name=SIDE_COPY)
+    t.stream = main_stream
+    if backlog:
+        t.gpu_event("kernel", BF16_GEMM, T0 + 5, 15, correlation=10_000, launch_ts=T0 - 500)
+        t.gpu_event("kernel", ELEMENTWISE, T0 + 20, 5, correlation=10_001, launch_ts=T0 - 490)
+    if nccl:
+        t.stream = 21
+        for index in range(2):  # mid-step, on a stream the steps launched nothing on
+            t.gpu_event("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                        T0 + index * 1000 + 500, 5, correlation=20_000 + index, launch_ts=T0)
+    return t
+
+
+def test_kernels_left_from_before_the_recording_are_not_the_steps(tmp_path, capsys):
+    """The same two steps, once with the GPU's backlog from before the recording in the window:
+    the kernels the steps launched are the same, so nothing changed (counted by the window, the
+    GEMM read 1.5 calls a step against 1.0). A kernel with no launch in the trace on a stream the
+    steps launched nothing on (NCCL from an untraced thread) still counts, in both."""
+    write_demo_run(tmp_path, "item_sync", "bad", queued_trace(backlog=False, nccl=True),
+                   samples_per_s=100.0, peak_memory_mb=10.0)
+    write_demo_run(tmp_path, "item_sync", "fixed", queued_trace(backlog=True, nccl=True),
+                   samples_per_s=100.0, peak_memory_mb=10.0)
+    assert compare.main([str(tmp_path / "item_sync"), "--json"]) == 0
+    kernels = {row["name"]: row for row in json.loads(capsys.readouterr().out)
+               ["what_changed"]["kernels"]}
+    for name, ms, calls in ((BF16_GEMM, 0.4, 1.0), (ELEMENTWISE, 0.01, 1.0), (SIDE_COPY, 0.003, 1.0),
+                            ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0.005, 1.0)):
+        row = kernels[name]
+        assert (row["bad_ms_per_step"], row["fixed_ms_per_step"]) == (
+            pytest.approx(ms), pytest.approx(ms)), name
+        assert row["bad_calls_per_step"] == row["fixed_calls_per_step"] == calls, name

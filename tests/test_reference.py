@@ -98,28 +98,47 @@ def test_no_impossible_event_in_the_reference(gpu, demo):
         assert analysis["warnings"] == [] and not any(analysis["impossible_events"].values())
 
 
-def report_ratio(report: str, demo: str, label: str) -> str:
-    """The `fixed / bad` cell of the `label` row in the report's `## demo` section."""
+def report_section(report: str, demo: str) -> str:
     section = re.search(rf"^## {re.escape(demo)}\n(.*?)(?=^## |\Z)", report,
                         re.MULTILINE | re.DOTALL)
     assert section, f"REPORT.md has no section '## {demo}'"
-    row = re.search(rf"^\| {re.escape(label)} \| [^|]* \| [^|]* \| ([0-9.]+)x \|$",
-                    section.group(1), re.MULTILINE)
-    assert row, f"REPORT.md's {demo} section has no '{label}' row with a fixed / bad ratio"
+    return section.group(1)
+
+
+def headline_ratio(section: str, words: str) -> str:
+    """The ratio the section's headline ("**11.30x more samples/s, 1.01x the peak memory**")
+    prints before `words`."""
+    headline = re.search(r"^\*\*(.+)\*\*$", section, re.MULTILINE)
+    assert headline, "the section has no headline in bold"
+    found = re.search(rf"([0-9.]+)x (?:more |the ){re.escape(words)}", headline.group(1))
+    assert found, f"the headline {headline.group(1)!r} says nothing of {words}"
+    return found.group(1)
+
+
+def change_cell(section: str, label: str) -> str:
+    """The change column of the `label` row in the section's table."""
+    row = re.search(rf"^\| {re.escape(label)} \| [^|]* \| [^|]* \| ([^|]*) \|$", section,
+                    re.MULTILINE)
+    assert row, f"the section has no '{label}' row"
     return row.group(1)
 
 
 @pytest.mark.parametrize(("gpu", "demo"), PAIRS)
 def test_report_ratios_match_summaries(gpu, demo):
     c = comparison(gpu, demo)  # speedup and peak_memory_ratio: compare's, from the summaries
-    report = (REFERENCE / gpu / "REPORT.md").read_text()
-    for label, ratio in ((c["speedup_of"], c["speedup"]),
-                         ("peak memory MB", c["peak_memory_ratio"])):
-        printed = report_ratio(report, demo, label)
+    section = report_section((REFERENCE / gpu / "REPORT.md").read_text(), demo)
+    for label, words, ratio in ((c["speedup_of"], c["speedup_of"], c["speedup"]),
+                                ("peak memory MB", "peak memory", c["peak_memory_ratio"])):
+        printed = headline_ratio(section, words)
         # Tolerance: half a unit of the last printed digit (0.005 for "4.79"), the rounding's.
         half_unit = 0.5 * 10 ** -len(printed.partition(".")[2])
         assert ratio == pytest.approx(float(printed), abs=half_unit + 1e-12), (
-            f"{demo} {label}: summaries give {ratio:.4f}x, REPORT.md prints {printed}x")
+            f"{demo} {words}: summaries give {ratio:.4f}x, REPORT.md prints {printed}x")
+        # The table says the same change in words, its direction right.
+        cell = change_cell(section, label)
+        direction = ("the same" if f"{ratio:.2f}" == "1.00" else
+                     "higher" if ratio > 1 else "lower")
+        assert direction in cell, f"{demo} {label}: {ratio:.4f}x printed as {cell!r}"
 
 
 @pytest.mark.parametrize("gpu", GPUS)

@@ -51,7 +51,7 @@ def test_report_has_a_section_per_pair_with_table_verdicts_and_plots(pairs_out):
     found = sections(markdown)
     assert sorted(found) == ["activation_checkpointing", "small_batch"]
     small = found["small_batch"]
-    assert "| samples/s | 1000.0 | 5300.0 | 5.30x |" in small
+    assert "| samples/s | 1000.0 | 5300.0 | 5.30x higher, better |" in small
     assert "**small_batch**" in small and "fixed: no verdict" in small
     assert "GPU's busy time" in small  # GPU traces: a GPU-busy timeline, not a CPU one
     memory = found["activation_checkpointing"]
@@ -136,8 +136,8 @@ def test_run_demos_writes_the_report_of_this_run_only(pairs_out, monkeypatch, ca
     printed = capsys.readouterr().out
     small = sections((pairs_out / report.REPORT_MD).read_text())["small_batch"]
     if outcome == "fresh":
-        assert code == 0 and "fixed / bad: 5.30x samples/s" in printed
-        assert "| samples/s | 1000.0 | 5300.0 | 5.30x |" in small
+        assert code == 0 and "fixed vs bad: 5.30x more samples/s" in printed
+        assert "| samples/s | 1000.0 | 5300.0 | 5.30x higher, better |" in small
     else:
         assert "samples/s" not in small
         assert ("No comparison (failed)" in small) == (outcome == "failed")

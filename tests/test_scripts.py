@@ -104,7 +104,7 @@ def test_run_demos_exits_0_and_writes_out_relative_to_where_the_user_stands(
         assert (out / "healthy" / variant / "summary.json").is_file()
     assert (out / "REPORT.md").is_file() and (out / "report.html").is_file()
     assert list(fake_demos.root.iterdir()) == []
-    assert "2.00x samples/s" in printed.out  # the comparison of this run's fresh summaries
+    assert "2.00x more samples/s" in printed.out  # the comparison of this run's fresh summaries
     assert "failed" not in printed.err
 
 
@@ -115,7 +115,7 @@ def test_run_demos_exits_1_and_names_the_failed_script(fake_demos, capsys):
     printed = capsys.readouterr()
     assert one_line(printed.err) == "failed: broken/fixed"
     assert "broken: no comparison (a run failed)" in printed.out
-    assert "2.00x samples/s" in printed.out  # the healthy pair is still compared
+    assert "2.00x more samples/s" in printed.out  # the healthy pair is still compared
 
 
 def test_run_demos_exits_1_for_a_stale_pair(fake_demos, capsys):
