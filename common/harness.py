@@ -5,7 +5,8 @@ train() runs a training loop through measure(), which does, in order:
   warm-up -> a timed phase without the profiler (wall clock, device synchronised) -> a short
   profiled phase that writes a TensorBoard trace -> summary.json and key_averages.txt.
 train_on_device() does the same for batches already on the device (optionally under autocast);
-a demo whose lesson is the loop itself writes its own step and calls measure().
+a demo whose lesson is the loop itself writes its own step and calls measure(). profile_loop()
+does it for your own step, outside the demos (README, "Your own script").
 """
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEP
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines in a long phase
 KEY_AVERAGES_ROWS = 25  # rows of the operator table in key_averages.txt
 # Kineto's log levels run VERBOSE 0 .. ERROR 4, USDT 5. On a machine with no GPU the CUDA build of
-# Kineto logs "gpuGetDeviceCount failed" as an ERROR at every profile: harmless, but alarming.
-KINETO_LOG_LEVEL_CPU = "5"
+# Kineto logs "gpuGetDeviceCount failed" as an ERROR at every profile, harmless but alarming, and
+# torch 2.14's writes "USDT: ... profiler_start" and "profiler_stop" at level 5: 6 hides both.
+KINETO_LOG_LEVEL_CPU = "6"
 # /proc/cpuinfo flags of CPUs that run BF16 matmuls in hardware (oneDNN uses them): AMX tiles
 # (Intel Sapphire Rapids and later), AVX-512 BF16 dot products (Cooper Lake, AMD Zen 4), and "bf16"
 # in an Arm CPU's Features line (Neoverse V1, Graviton3). Without any, BF16 is emulated in FP32.
@@ -126,6 +128,10 @@ class Run:
     rank: int = 0
     world_size: int = 1
     distributed: dict | None = None
+    # What the profiler records beyond times, where a caller chose (profile_loop: your own loop);
+    # None: by the demo (RECORD_SHAPES_DEMOS, PROFILE_MEMORY_DEMOS_CUDA).
+    record_shapes: bool | None = None
+    profile_memory: bool | None = None
 
     @property
     def batch_size(self) -> int:
@@ -491,12 +497,15 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
         (run.out_dir / f"key_averages{rank_suffix(run)}.txt").write_text(table + "\n")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
-    profile_memory = not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
+    record_shapes = (run.demo in RECORD_SHAPES_DEMOS if run.record_shapes is None
+                     else run.record_shapes)
+    profile_memory = (not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
+                      if run.profile_memory is None else run.profile_memory)
     try:
         with profile(activities=activities,
                      schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
                                        active=PROFILE_ACTIVE_STEPS, repeat=1),
-                     on_trace_ready=on_trace_ready, record_shapes=run.demo in RECORD_SHAPES_DEMOS,
+                     on_trace_ready=on_trace_ready, record_shapes=record_shapes,
                      profile_memory=profile_memory) as prof:
             _, step_ms = clocked_steps(run, step, PROFILED_STEPS, "profiling", after_step=prof.step)
         written = trace.trace_files(staging)
@@ -509,7 +518,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
         tensorboard_compat.rewrite_file(written[0], final_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    run.config.update(profiler_record_shapes=run.demo in RECORD_SHAPES_DEMOS,
+    run.config.update(profiler_record_shapes=record_shapes,
                       profiler_profile_memory=profile_memory)
     return final_path, step_ms[-PROFILE_ACTIVE_STEPS:]
 
@@ -643,6 +652,51 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
                  f"profiler's own cost per operator): the trace exaggerates CPU time; for speed, "
                  f"trust {'real tokens/s' if run.real_tokens is not None else 'samples/s'}")
     return summary
+
+
+# A name or variant becomes a folder under `out`: letters, digits, "_", "-" and "." only, so
+# that it can neither climb out of `out` ("..", "/") nor clash with the shell.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_size: int,
+            device: str | torch.device = "cpu", steps: int = 20, warmup_steps: int = 5,
+            out: Path | str = "traces", record_shapes: bool = True,
+            profile_memory: bool | None = None) -> dict:
+    """Measure your own training (or inference) step the way the demos are measured, and write
+    the same files, so that common.analyze, common.compare and the report read them:
+    `warmup_steps` untimed steps; `steps` timed steps without the profiler (device synchronised,
+    CUDA events on a GPU) -> samples_per_s from `batch_size`, step-time percentiles; then a few
+    profiled steps (schedule: wait 1, warm-up 1, record 3) -> a gzip trace, key_averages.txt and
+    summary.json in <out>/<name>/<variant>/ (`out` relative to where you stand), which is
+    emptied of an earlier run's files first.
+
+    `step` runs one whole step (forward, backward, optimizer) and must run on `device`.
+    `record_shapes` (on by default: the batch and attention verdicts read shapes) and
+    `profile_memory` (default: on a CPU only, where the peak comes from it) cost CPU time per
+    operator. One process: in a job of several ranks, call it on one rank with its own `name`.
+    Returns the summary."""
+    device = torch.device(device)
+    for label, value in (("name", name), ("variant", variant)):
+        if not isinstance(value, str) or not RUN_NAME.fullmatch(value):
+            raise ValueError(f"profile_loop(): {label}={value!r} must be a folder name (letters, "
+                             f"digits, _ - .; not starting with . or -)")
+    for label, value in (("batch_size", batch_size), ("steps", steps),
+                         ("warmup_steps", warmup_steps)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"profile_loop(): {label}={value!r} must be a whole number >= 1")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("profile_loop(): device cuda, but PyTorch sees no CUDA GPU here "
+                         "(torch.cuda.is_available() is False)")
+    if device.type == "cpu":
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL_CPU)
+    run = Run(demo=name, variant=variant, device=device, device_name=device_name(device),
+              preset_name="own", preset=presets.Preset(batch_size=batch_size, steps=steps,
+                                                       warmup_steps=warmup_steps),
+              steps=steps, seed=torch.initial_seed(), out_dir=Path(out) / name / variant,
+              record_shapes=record_shapes, profile_memory=profile_memory)
+    clear_run_dir(run.out_dir)  # a run that fails half-way must not leave the last one's results
+    return measure_steps(run, step)
 
 
 def print_summary(run: Run, summary: dict, trace_path: Path) -> None:

@@ -5,8 +5,11 @@ Examples:
   ./scripts/run_demos.sh                          every demo, on the GPU if there is one
   ./scripts/run_demos.sh dataloader_workers --device cpu
   ./scripts/run_demos.sh --smoke                  tiny sizes: checks that everything runs
-  PYTHON=python3 ./scripts/run_demos.sh --device cuda --out traces/reference/h100
+  PYTHON=python3 ./scripts/run_demos.sh --device cuda --out traces/h100
                                                   a python that has PyTorch already, no .venv
+
+traces/reference/ holds the committed reference runs: --out there is refused unless
+--update-reference says that replacing them is the point (traces/reference/README.md).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from common import compare, report, trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
+REFERENCE_DIR = ROOT / "traces" / "reference"  # committed runs: written only on purpose
 VARIANTS = compare.VARIANTS
 
 
@@ -38,9 +42,21 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="passed to every script (default: auto)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and few steps")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps, passed to every script (default: each preset's)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="random seed, passed to every script (default: 0)")
     parser.add_argument("--out", type=Path, default=ROOT / "traces",
                         help="output root (default: traces/)")
+    parser.add_argument("--update-reference", action="store_true",
+                        help="allow --out inside traces/reference/ (replaces committed runs)")
     flags = parser.parse_args(argv)
+    if flags.steps is not None and flags.steps < 1:
+        parser.error(f"--steps must be a whole number >= 1, got {flags.steps}")
+    if flags.out.resolve().is_relative_to(REFERENCE_DIR) and not flags.update_reference:
+        parser.error(f"--out {flags.out} is inside traces/reference/, the committed reference "
+                     f"runs; write to traces/<your_gpu> instead, or add --update-reference to "
+                     f"replace them on purpose")
     unknown = [name for name in flags.demos if name not in demos]
     if unknown:
         parser.error(f"unknown demo {', '.join(map(repr, unknown))}; choose from: {', '.join(demos)}")
@@ -52,6 +68,8 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
 def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
     command = [sys.executable, str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
                "--out", str(flags.out)] + (["--smoke"] if flags.smoke else [])
+    command += [arg for flag, value in (("--steps", flags.steps), ("--seed", flags.seed))
+                if value is not None for arg in (flag, str(value))]
     return subprocess.run(command, cwd=ROOT).returncode == 0
 
 

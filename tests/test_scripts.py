@@ -58,6 +58,7 @@ if behaviour == "ok":
     summary = json.loads((out / "summary.json").read_text())
     summary["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     (out / "summary.json").write_text(json.dumps(summary))
+    (out / "argv.json").write_text(json.dumps(sys.argv[1:]))
 """
 
 
@@ -87,7 +88,7 @@ def fake_demos(tmp_path, monkeypatch):
             script.parent.mkdir(parents=True, exist_ok=True)
             script.write_text(FAKE_SCRIPT.format(behaviour=behaviour, template=str(template)))
 
-    return SimpleNamespace(main=run_demos.main, add=add, root=run_demos.ROOT,
+    return SimpleNamespace(main=run_demos.main, module=run_demos, add=add, root=run_demos.ROOT,
                            out=tmp_path / "out")
 
 
@@ -136,6 +137,30 @@ def test_run_demos_unknown_demo_is_one_line_and_exit_code_2(fake_demos, capsys):
     assert stopped.value.code == 2
     assert one_line(capsys.readouterr().err) == (
         "run_demos.sh: error: unknown demo 'nosuch'; choose from: healthy")
+
+
+def test_run_demos_passes_steps_and_seed_to_every_script(fake_demos):
+    fake_demos.add("healthy")
+    assert fake_demos.main(["--out", str(fake_demos.out), "--steps", "7", "--seed", "3"]) == 0
+    for variant in ("bad", "fixed"):
+        argv = json.loads((fake_demos.out / "healthy" / variant / "argv.json").read_text())
+        assert argv[argv.index("--steps") + 1] == "7" and argv[argv.index("--seed") + 1] == "3"
+    assert fake_demos.main(["--out", str(fake_demos.out)]) == 0  # not given: the scripts' own
+    argv = json.loads((fake_demos.out / "healthy" / "bad" / "argv.json").read_text())
+    assert "--steps" not in argv and "--seed" not in argv
+
+
+def test_run_demos_refuses_to_write_over_the_reference(fake_demos, monkeypatch, capsys):
+    fake_demos.add("healthy")
+    reference = fake_demos.root / "traces" / "reference"
+    monkeypatch.setattr(fake_demos.module, "REFERENCE_DIR", reference)
+    with pytest.raises(SystemExit) as stopped:
+        fake_demos.main(["--out", str(reference / "h100")])
+    assert stopped.value.code == 2
+    assert "inside traces/reference/" in one_line(capsys.readouterr().err)
+    assert not reference.exists()  # nothing written
+    assert fake_demos.main(["--out", str(reference / "h100"), "--update-reference"]) == 0
+    assert (reference / "h100" / "healthy" / "bad" / "summary.json").is_file()
 
 
 # --- tensorboard.sh: flags, answered before any environment is made or checked --------------------
