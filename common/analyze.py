@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.analyze",
         description="Metrics and bottleneck verdicts for one Kineto (torch.profiler) trace.",
-        epilog="Definitions and thresholds: README.md, section 'Analyzing a trace'. "
+        epilog="Definitions and thresholds: common/README.md, section 'Analyzing a trace'. "
                "Exit code 2 for input that is not a readable trace.")
     parser.add_argument("path", metavar="PATH", type=Path,
                         help="a .pt.trace.json(.gz) file, or a run directory: its newest trace, "

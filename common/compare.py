@@ -13,7 +13,7 @@ not a comparison. A run whose profiled steps ran much slower than its timed ones
 exaggerates the CPU's share.
 
 BEFORE and AFTER are any two traces, or run folders (the newest trace in each; a summary.json
-beside it, as common.profile_steps writes for your own loop, adds its timed numbers): step time,
+beside it, as harness.profile_loop writes for your own loop, adds its timed numbers): step time,
 the parts of the step as per-step changes in ms, the GPU's idle time by cause, the verdicts
 before and after, what changed, and what still bounds the step. Two runs on different devices
 are compared with a warning, not refused: the change then includes the hardware. Imports no
@@ -155,7 +155,7 @@ def profiler_warnings(comparison: dict) -> list[str]:
     times its timed p50: the profiler's per-operator cost (record_shapes, profile_memory) then
     inflates the trace's CPU time, and only the unprofiled numbers stand."""
     warnings = []
-    for variant in comparison["variants"]:
+    for variant in comparison.get("variants", VARIANTS):
         overhead = comparison["profiler_overhead_ratio"][variant]
         if overhead is not None and overhead > trace.PROFILER_OVERHEAD_WARN_RATIO:
             warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
@@ -189,7 +189,7 @@ def bad_or_before(runs: dict) -> dict:
 
 
 def run_summary(path: Path) -> dict:
-    """The summary.json in a run folder (a demo's, or common.profile_steps's for your own loop);
+    """The summary.json in a run folder (a demo's, or harness.profile_loop's for your own loop);
     {} for a trace file, or a folder of traces from elsewhere."""
     summary_path = path / trace.SUMMARY_FILE
     if not (path.is_dir() and summary_path.is_file()):
@@ -549,6 +549,7 @@ def what_changed_lines(changed: dict, labels: tuple[str, str] = VARIANTS) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.compare",
+        usage="%(prog)s [--json] DEMO_DIR\n       %(prog)s [--json] BEFORE AFTER",
         description="Two runs side by side. DEMO_DIR: a demo's bad and fixed runs (throughput, "
                     "step time, data wait, profiler overhead, GPU utilization and idle by cause, "
                     "kernels, syncs, peak memory, the verdicts, what changed). BEFORE AFTER: any "

@@ -512,7 +512,8 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
         if len(written) != 1:
             raise RuntimeError(f"expected one trace from the profiler, found {len(written)}")
         # TensorBoard's profiler plugin reads older category names: rename the few events it would
-        # misread (README.md, "Viewing traces"); times, names and every event stay as written.
+        # misread (common/README.md, "The trace rewrite for TensorBoard"); times, names and every
+        # event stay as written.
         # The rewritten trace lands in the run folder atomically, under its final name.
         final_path = run.out_dir / written[0].name
         tensorboard_compat.rewrite_file(written[0], final_path)

@@ -18,7 +18,7 @@ from common.trace_columns import (
     name_role,
 )
 
-# Definitions (sources in README.md, "Analyzing a trace"):
+# Definitions (sources in common/README.md, "Analyzing a trace"):
 #   steps        ProfilerStep#N spans (none: the whole trace is one step), each extended to the end
 #                of the GPU work launched inside it (runtime call -> kernel by correlation id), the
 #                TensorBoard plugin's rule. The window runs from the first step's start to the last

@@ -263,7 +263,7 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
     if on_gpu:
         section.figures.append((
             "Why the GPU is idle: its busy time and each idle cause, as a share of the profiled "
-            "steps (gpu.idle_by_cause_pct; definitions in the top-level README)",
+            "steps (gpu.idle_by_cause_pct; definitions in common/README.md)",
             save(idle_figure(analyses, f"{demo}: GPU busy and idle by cause"),
                  figures_dir / f"{demo}_idle.png")))
     section.figures.append((

@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] + " (torch-tb-profiler 0.4.3 misreads the category "
         "names current PyTorch writes: DataLoader 0 %, Runtime 0 %, no Tensor Cores row).",
         epilog="Only the category of a few events changes; the table is in this module's "
-               "docstring and in README.md, 'Viewing traces'. Running it again changes nothing. "
+               "docstring and in common/README.md, 'The trace rewrite for TensorBoard'. Running it again changes nothing. "
                "The harness applies it to every trace it writes.")
     parser.add_argument("source", metavar="IN", type=Path,
                         help="a trace file (.pt.trace.json or .pt.trace.json.gz) or a folder: "

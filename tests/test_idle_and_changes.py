@@ -233,7 +233,8 @@ def test_kernels_left_from_before_the_recording_are_not_the_steps(tmp_path, caps
     assert compare.main([str(tmp_path / "item_sync"), "--json"]) == 0
     kernels = {row["name"]: row for row in json.loads(capsys.readouterr().out)
                ["what_changed"]["kernels"]}
-    for name, ms, calls in ((BF16_GEMM, 0.4, 1.0), (ELEMENTWISE, 0.01, 1.0), (SIDE_COPY, 0.003, 1.0),
+    for name, ms, calls in ((BF16_GEMM, 0.4, 1.0), (ELEMENTWISE, 0.01, 1.0),
+                            (SIDE_COPY, 0.003, 1.0),
                             ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0.005, 1.0)):
         row = kernels[name]
         assert (row["bad_ms_per_step"], row["fixed_ms_per_step"]) == (
