@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import sanity, trace
+from common.frames import python_frames
 from common.intervals import Spans, merge, union_in
 from common.metrics import (
     BREAKDOWN_ROLES,
@@ -27,6 +28,7 @@ from common.metrics import (
     SHORT_KERNEL_US,
     US_PER_MS,
     attention_metrics,
+    copy_calls,
     distributed_metrics,
     extend_steps,
     gpu_metrics,
@@ -149,6 +151,15 @@ def analyze(path: Path) -> Analysis:
         metrics["host_operators"] = [
             (name, ms) for name, (ms, _) in sorted(by_time.items(), key=lambda item: -item[1][0])
         ][:HOST_OVERHEAD_OPERATORS_SHOWN]
+    # Python frames (with_stack): the hot ones, and the user's lines that issued each sync and
+    # host-device copy in the steps (null without Python frames in the trace).
+    in_steps = runtime_step >= 0
+    syncs = np.flatnonzero(in_steps & columns.runtime_is_sync)
+    copies, _ = copy_calls(columns, runtime_step)
+    metrics["python"] = python_frames(
+        columns, host_window, n_steps,
+        syncs_at=(columns.runtime.start[syncs], columns.runtime_thread[syncs]),
+        copies_at=(columns.runtime.start[copies], columns.runtime_thread[copies]))
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]
     breakdown = step_breakdown_ms(steps, roles)
@@ -278,6 +289,13 @@ def format_human(result: dict) -> str:
                   + (" ({value_read:.1f} value reads, {h2d_copy:.1f} in host-to-device copies, "
                      "{other:.1f} other)".format(**gpu["syncs_by_cause_per_step"])
                      if gpu["syncs_per_step"] else "")]
+        copies = gpu["copies_per_step"]
+        lines.append("copies       " + ", ".join(
+            f"{label} {copies[way]['count']:.1f}/step ({fmt(copies[way]['mb'], '.1f', ' MB')}, "
+            f"{copies[way]['ms']:.2f} ms)" for way, label in (("h2d", "host->device"),
+                                                              ("d2h", "device->host")))
+            + f"; round trips {gpu['round_trips_per_step']:.1f}/step, data-dependent syncs "
+              f"{gpu['data_dependent_syncs_per_step']:.1f}/step")
         idle = gpu["idle_by_cause_pct"]
         # One idle figure: the steps' (the window's), which the causes split. HTA's, over the
         # first to the last GPU op of the whole trace, is another span: labelled as such.
@@ -286,6 +304,7 @@ def format_human(result: dict) -> str:
                                  for cause in IDLE_CAUSES)
                      + f" (HTA's idle, from the first to the last GPU op of the trace: "
                        f"{gpu['idle_pct']:.1f} %)")
+    lines += python_lines(result["python"])
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
                       if ms >= 0.05)
     lines.append(f"breakdown    ms per step: {parts}")
@@ -299,6 +318,23 @@ def format_human(result: dict) -> str:
                      + (f" - see demos/{found['demo']}/" if found["demo"] else ""))
     return "\n".join(lines)
 
+
+
+def python_lines(python: dict | None) -> list[str]:
+    """The hot Python frames (a trace recorded with stacks), the user's marked, and the user's
+    lines that issued syncs and copies."""
+    if not python:
+        return []
+    lines = [f"python       hot frames by self time (ms/step, % of the step; * your code: "
+             f"{python['user_ms_per_step']:.2f} ms/step in all)"]
+    lines += [f"  {'*' if frame['user'] else ' '} {frame['self_ms_per_step']:8.3f} "
+              f"{frame['pct']:5.1f} %  {frame['frame']}" for frame in python["hot_frames"]]
+    for key, what in (("syncs_by_user_frame_per_step", "syncs"),
+                      ("copies_by_user_frame_per_step", "host-device copies")):
+        if python[key]:
+            lines.append(f"  {what} issued by your lines: " + ", ".join(
+                f"{line} {per_step:.1f}/step" for line, per_step in python[key].items()))
+    return lines
 
 
 def text_table(rows: list[tuple[str, ...]], right: tuple[int, ...]) -> list[str]:

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from common import analyze, trace
+from common.frames import frame_times
 from common.metrics import BREAKDOWN_ROLES, TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")  # a demo's two runs
@@ -227,6 +228,9 @@ def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
     changed = what_changed(*(time_by_name(d.columns, d.window, d.steps.size,
                                           host_window=d.host_window) for d in details),
                            labels=labels)
+    frames = frames_changed(details, labels)
+    if frames is not None:
+        changed["frames"] = frames
     if not keep_detail:
         for label in labels:
             del runs[label]["detail"]
@@ -343,21 +347,31 @@ def what_changed(bad: TimeByName, fixed: TimeByName,
     absent), keyed by `labels` ("bad_ms_per_step", or "before_..." for any two runs). Operator
     times are self times (metrics.self_time_us: the operators a parent holds on its thread are
     taken off its time); kernels are those the recorded steps ran (metrics.kernels_of_steps)."""
+    return {kind: changed_rows(getattr(bad, kind), getattr(fixed, kind), labels)
+            for kind in ("operators", "kernels")}
+
+
+def changed_rows(before: dict, after: dict, labels: tuple[str, str]) -> list[dict]:
+    """{name: (ms per step, calls per step)} twice -> the WHAT_CHANGED_SHOWN rows whose time
+    changed most."""
     old, new = labels
-    changed = {}
-    for kind in ("operators", "kernels"):
-        before, after = getattr(bad, kind), getattr(fixed, kind)
-        rows = []
-        for name in before.keys() | after.keys():
-            bad_ms, bad_calls = before.get(name, (0.0, 0.0))
-            fixed_ms, fixed_calls = after.get(name, (0.0, 0.0))
-            rows.append({"name": name, f"{old}_ms_per_step": bad_ms,
-                         f"{new}_ms_per_step": fixed_ms, f"{old}_calls_per_step": bad_calls,
-                         f"{new}_calls_per_step": fixed_calls})
-        rows.sort(key=lambda row: (-abs(row[f"{new}_ms_per_step"] - row[f"{old}_ms_per_step"]),
-                                   row["name"]))
-        changed[kind] = rows[:WHAT_CHANGED_SHOWN]
-    return changed
+    rows = []
+    for name in before.keys() | after.keys():
+        bad_ms, bad_calls = before.get(name, (0.0, 0.0))
+        fixed_ms, fixed_calls = after.get(name, (0.0, 0.0))
+        rows.append({"name": name, f"{old}_ms_per_step": bad_ms, f"{new}_ms_per_step": fixed_ms,
+                     f"{old}_calls_per_step": bad_calls, f"{new}_calls_per_step": fixed_calls})
+    rows.sort(key=lambda row: (-abs(row[f"{new}_ms_per_step"] - row[f"{old}_ms_per_step"]),
+                               row["name"]))
+    return rows[:WHAT_CHANGED_SHOWN]
+
+
+def frames_changed(details: list, labels: tuple[str, str]) -> list[dict] | None:
+    """Python frames by self time per step (frames.frame_times), where a run's trace has them
+    (--with-stack); None where neither has."""
+    times = [frame_times(d.columns, d.host_window, d.steps.size)[0] if d.columns.python.size
+             else {} for d in details]
+    return changed_rows(*times, labels) if any(times) else None
 
 
 def gpu_value(name: str):
@@ -528,8 +542,8 @@ def what_changed_rows(changed: dict, labels: tuple[str, str] = VARIANTS
     """(kind, name, bad ms/step, fixed ms/step, calls/step bad -> fixed) as text."""
     old, new = labels
     rows = []
-    for kind, label in (("operators", "operator"), ("kernels", "kernel")):
-        for row in changed[kind]:
+    for kind, label in (("operators", "operator"), ("kernels", "kernel"), ("frames", "python")):
+        for row in changed.get(kind, []):
             rows.append((label, short_name(row["name"]), f"{row[f'{old}_ms_per_step']:.2f}",
                          f"{row[f'{new}_ms_per_step']:.2f}",
                          f"{row[f'{old}_calls_per_step']:.1f} -> "

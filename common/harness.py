@@ -11,10 +11,13 @@ does it for your own step, outside the demos (README, "Your own script").
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import itertools
 import json
 import os
 import platform
+import pstats
 import random
 import re
 import shutil
@@ -59,7 +62,9 @@ CPU_NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 CPU_BF16_MATRIX_UNIT_FLAG = "amx_bf16"
 CPUINFO_PATH = Path("/proc/cpuinfo")
 KEY_AVERAGES_FILE = "key_averages.txt"
-RANK_FILE = re.compile(r"(?:summary|key_averages)\.rank\d+\.(?:json|txt)")  # rank_suffix's
+CPROFILE_FILE = "cprofile.prof"  # --cprofile: the timed phase's pstats (snakeviz, pstats)
+CPROFILE_ROWS = 10  # functions printed by cumulative time
+RANK_FILE = re.compile(r"(?:summary|key_averages|cprofile)\.rank\d+\.(?:json|txt|prof)")
 # Demos whose scripts run as several processes (common/distributed.py).
 DISTRIBUTED_DEMOS = frozenset({"ddp_no_sync"})
 # What each demo's lesson reads from its trace beyond times. record_shapes (operator input shapes
@@ -132,6 +137,10 @@ class Run:
     # None: by the demo (RECORD_SHAPES_DEMOS, PROFILE_MEMORY_DEMOS_CUDA).
     record_shapes: bool | None = None
     profile_memory: bool | None = None
+    # Python frames: --with-stack records them in the trace (python_function events, at a cost
+    # per Python call); --cprofile runs the timed phase under cProfile and writes its .prof.
+    with_stack: bool = False
+    cprofile: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -174,6 +183,14 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output root (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--with-stack", action="store_true",
+                        help="record Python frames in the trace (torch.profiler with_stack=True): "
+                             "the analyzer then lists the hot frames; costs time per Python call "
+                             "in the profiled steps only")
+    parser.add_argument("--cprofile", action="store_true",
+                        help=f"run the timed phase under cProfile: writes {CPROFILE_FILE} beside "
+                             f"the trace and prints the top {CPROFILE_ROWS} functions by "
+                             f"cumulative time (samples/s then includes cProfile's cost)")
     return parser
 
 
@@ -255,7 +272,8 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     return Run(demo=demo, variant=variant, device=device, device_name=device_name(device),
                preset_name=name, preset=preset, steps=flags.steps or preset.steps,
                seed=seed, out_dir=Path(flags.out) / demo / variant, rank=rank,
-               world_size=world_size, distributed=dist_info)
+               world_size=world_size, distributed=dist_info, with_stack=flags.with_stack,
+               cprofile=flags.cprofile)
 
 
 def require_compile_toolchain(run: Run) -> None:
@@ -475,7 +493,8 @@ def clear_run_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in out_dir.iterdir():
         if path.is_file() and (path.name.endswith(trace.TRACE_SUFFIXES)
-                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE)
+                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE,
+                                                CPROFILE_FILE)
                                or RANK_FILE.fullmatch(path.name)):
             path.unlink()
 
@@ -506,7 +525,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
                      schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
                                        active=PROFILE_ACTIVE_STEPS, repeat=1),
                      on_trace_ready=on_trace_ready, record_shapes=record_shapes,
-                     profile_memory=profile_memory) as prof:
+                     profile_memory=profile_memory, with_stack=run.with_stack) as prof:
             _, step_ms = clocked_steps(run, step, PROFILED_STEPS, "profiling", after_step=prof.step)
         written = trace.trace_files(staging)
         if len(written) != 1:
@@ -520,7 +539,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     run.config.update(profiler_record_shapes=record_shapes,
-                      profiler_profile_memory=profile_memory)
+                      profiler_profile_memory=profile_memory, profiler_with_stack=run.with_stack)
     return final_path, step_ms[-PROFILE_ACTIVE_STEPS:]
 
 
@@ -534,6 +553,39 @@ def require_gpu_kernels(run: Run, events: list[dict]) -> None:
              f"Systems/Compute, DCGM profiling), that the driver supports this torch's CUDA "
              f"{torch.version.cuda}, and that no CUDA graph was captured before the profiler "
              f"started; nothing was written")
+
+
+def require_sync_free(run: Run, step: Callable[[], None]) -> int:
+    """Run one step under torch.cuda.set_sync_debug_mode("error"): a variant that claims no
+    host-device sync (config["sync_free"]) stops with one line naming the sync instead of
+    passing by luck. PyTorch's check misses non-blocking copies from pageable memory. Returns
+    the steps taken (1)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    except RuntimeError as error:
+        clear_run_dir(run.out_dir)
+        fail(f"{run.demo}/{run.variant} is meant to have no host-device sync, but its step made "
+             f"one (torch.cuda.set_sync_debug_mode('error')): {str(error).splitlines()[0]}")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    device_sync(run)
+    log(run, "checked: a step under torch.cuda.set_sync_debug_mode('error') made no sync")
+    return 1
+
+
+def write_cprofile(run: Run, profiler: cProfile.Profile) -> None:
+    """The timed phase's cProfile statistics: the .prof beside the trace, the top CPROFILE_ROWS
+    by cumulative time printed, and a note that samples/s includes cProfile's cost."""
+    path = run.out_dir / CPROFILE_FILE.replace(".prof", f"{rank_suffix(run)}.prof")
+    profiler.dump_stats(path)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(CPROFILE_ROWS)
+    log(run, f"cProfile of the timed phase, top {CPROFILE_ROWS} by cumulative time "
+             f"(all of it: {path}):")
+    print(text.getvalue().strip(), flush=True)
+    run.notes.append("the timed phase ran under cProfile (--cprofile): its samples/s includes "
+                     "cProfile's cost per Python call; rerun without it for the speed")
 
 
 def dynamo_frames_compiled() -> int:
@@ -584,7 +636,8 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     step()  # the first step pays the one-time costs: torch.compile, cuDNN autotuning, allocations
     device_sync(run)
     first_step_s = time.perf_counter() - warmup_started
-    clocked_steps(run, step, run.preset.warmup_steps - 1, "warm-up")
+    checked = require_sync_free(run, step) if run.config.get("sync_free") and run.is_cuda else 0
+    clocked_steps(run, step, max(0, run.preset.warmup_steps - 1 - checked), "warm-up")
     warmup_s = time.perf_counter() - warmup_started
     log(run, f"warm-up took {warmup_s:.2f} s, the first step {first_step_s:.2f} s of it")
     if run.config.get("torch_compile"):
@@ -594,7 +647,13 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     log(run, f"timed: {run.steps} steps without the profiler")
     data_wait_before_s = run.data_wait_s
     tokens_before = (run.real_tokens, run.padded_tokens)
+    profiler = cProfile.Profile() if run.cprofile else None
+    if profiler:  # not in the profiled phase: cProfile and the profiler's Python tracer conflict
+        profiler.enable()
     wall_s, step_ms = clocked_steps(run, step, run.steps, "timed")
+    if profiler:
+        profiler.disable()
+        write_cprofile(run, profiler)
     tokens_per_s = padding_pct = None
     if run.real_tokens is not None:  # over the timed steps, like samples/s
         real, padded = run.real_tokens - tokens_before[0], run.padded_tokens - tokens_before[1]
@@ -663,7 +722,7 @@ RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_size: int,
             device: str | torch.device = "cpu", steps: int = 20, warmup_steps: int = 5,
             out: Path | str = "traces", record_shapes: bool = True,
-            profile_memory: bool | None = None) -> dict:
+            profile_memory: bool | None = None, with_stack: bool = False) -> dict:
     """Measure your own training (or inference) step the way the demos are measured, and write
     the same files, so that common.analyze, common.compare and the report read them:
     `warmup_steps` untimed steps; `steps` timed steps without the profiler (device synchronised,
@@ -675,8 +734,8 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
     `step` runs one whole step (forward, backward, optimizer) and must run on `device`.
     `record_shapes` (on by default: the batch and attention verdicts read shapes) and
     `profile_memory` (default: on a CPU only, where the peak comes from it) cost CPU time per
-    operator. One process: in a job of several ranks, call it on one rank with its own `name`.
-    Returns the summary."""
+    operator. `with_stack` records Python frames (the analyzer's hot frames). One process: in a
+    job of several ranks, call it on one rank with its own `name`. Returns the summary."""
     device = torch.device(device)
     for label, value in (("name", name), ("variant", variant)):
         if not isinstance(value, str) or not RUN_NAME.fullmatch(value):
@@ -695,7 +754,7 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
               preset_name="own", preset=presets.Preset(batch_size=batch_size, steps=steps,
                                                        warmup_steps=warmup_steps),
               steps=steps, seed=torch.initial_seed(), out_dir=Path(out) / name / variant,
-              record_shapes=record_shapes, profile_memory=profile_memory)
+              record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
     clear_run_dir(run.out_dir)  # a run that fails half-way must not leave the last one's results
     return measure_steps(run, step)
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
 from common.kernel_names import is_gemm, uses_tensor_cores
+from common.trace import BYTES_PER_MB
 from common.syncs import gap_of, host_syncs, step_index, sync_metrics
 from common.trace_columns import (
     OPTIMIZER_REGION,
@@ -222,6 +223,88 @@ def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: in
     return TimeByName(operators, per_name(columns.kernel_name_id[in_window],
                                           columns.kernel_name_table,
                                           (kernels.end - kernels.start)[in_window], n_steps))
+
+
+# --- Copies between host and device, and round trips. ----------------------------------------
+
+def copy_calls(columns: TraceColumns, runtime_step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The runtime calls in the host steps that issued a host-to-device or device-to-host copy
+    (by correlation), by start, and their copies (indices into columns.memcpy). A collective's
+    own staging copies are left out: gloo all-reduces CUDA tensors through host memory, a copy
+    down and up per bucket inside its spans (the H100 ddp_no_sync traces: every one of their 216
+    such copies lies in a collective span or c10d operator), which is the backend's, not a round
+    trip the user wrote. Limit: a user's copy made while a collective span is open (on any
+    thread) is left out with them."""
+    order = np.argsort(columns.memcpy_correlation, kind="stable")
+    correlation = columns.memcpy_correlation[order]
+    if not correlation.size:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    position = np.clip(np.searchsorted(correlation, columns.runtime_correlation), 0,
+                       correlation.size - 1)
+    issued = ((runtime_step >= 0) & (columns.runtime_correlation >= 0)
+              & (correlation[position] == columns.runtime_correlation))
+    calls = np.flatnonzero(issued)
+    copies = order[position[calls]]
+    host_device = columns.memcpy_h2d[copies] | columns.memcpy_d2h[copies]
+    collectives = merge(concat(columns.collective_spans, columns.collective_ops))
+    at = columns.runtime.start[calls]
+    inside = covered_length(collectives, at, np.nextafter(at, np.inf)) > 0
+    keep = host_device & ~inside
+    calls, copies = calls[keep], copies[keep]
+    by_start = np.argsort(columns.runtime.start[calls], kind="stable")
+    return calls[by_start], copies[by_start]
+
+
+# A copy up answers a copy down when their sizes are within this factor of each other: the same
+# values, perhaps in another dtype (.tolist() of float32 comes back as float64 from
+# torch.tensor(list): 2x; int64 indices as int32: 2x). The next batch's input copy is MBs against
+# a scalar read's 4 bytes. Copies of unknown size (a trace without "bytes") never pair: without
+# sizes a round trip cannot be told from two unrelated copies.
+ROUND_TRIP_SIZE_RATIO_MAX = 4.0
+
+
+def sizes(columns: TraceColumns, copies: np.ndarray) -> np.ndarray:
+    return (columns.memcpy_bytes[copies] if columns.memcpy_bytes.size
+            else np.full(copies.size, np.nan))
+
+
+def same_data(down: float, up: float) -> bool:
+    return (down > 0 and up > 0
+            and max(down, up) / min(down, up) <= ROUND_TRIP_SIZE_RATIO_MAX)  # NaN: False
+
+
+def copy_metrics(columns: TraceColumns, runtime_step: np.ndarray, n_steps: int) -> dict:
+    """Per step, the copies each way (count, MB where the trace writes their bytes, ms on the
+    GPU) and the round trips: a device-to-host copy answered, later in the same step, by a
+    host-to-device one of about its size (ROUND_TRIP_SIZE_RATIO_MAX; data taken to the host and
+    sent back: .cpu() -> numpy -> .to(device), .tolist() -> torch.tensor(list, device=...)),
+    each copy down paired once."""
+    calls, copies = copy_calls(columns, runtime_step)
+    duration_ms = (columns.memcpy.end - columns.memcpy.start)[copies] / US_PER_MS
+    megabytes = sizes(columns, copies) / BYTES_PER_MB
+    per_direction = {}
+    for direction, mask in (("h2d", columns.memcpy_h2d[copies]),
+                            ("d2h", columns.memcpy_d2h[copies])):
+        known = mask & ~np.isnan(megabytes)
+        per_direction[direction] = {
+            "count": float(mask.sum()) / n_steps,
+            "mb": float(megabytes[known].sum()) / n_steps if known.any() or not mask.any()
+            else None,
+            "ms": float(duration_ms[mask].sum()) / n_steps}
+    round_trips = 0
+    step_of = runtime_step[calls]
+    for step in np.unique(step_of):
+        mine = copies[step_of == step]
+        waiting: list[float] = []  # bytes of this step's copies down not yet answered
+        for d2h, size in zip(columns.memcpy_d2h[mine].tolist(), sizes(columns, mine).tolist()):
+            if d2h:
+                waiting.append(size)
+                continue
+            match = next((i for i, down in enumerate(waiting) if same_data(down, size)), None)
+            if match is not None:
+                del waiting[match]
+                round_trips += 1
+    return {"copies_per_step": per_direction, "round_trips_per_step": round_trips / n_steps}
 
 
 # --- The optimizer and attention, from operator names and shapes. -----------------------------
@@ -569,6 +652,7 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "non_tensor_core_gemm_pct": share(float(duration[gemm & ~tensor_core].sum()), kernel_time),
         # syncs_per_step, syncs_by_cause_per_step, sync_idle_pct (and by cause), sync sources
         **sync_metrics(syncs, busy, low, high, n_steps),
+        **copy_metrics(columns, runtime_step, n_steps),
         "idle_by_cause_pct": idle_by_cause_pct(columns, busy, window,
                                                syncs.end[syncs.step >= 0]),
     }

@@ -23,11 +23,12 @@ MAX_RECORDING_US = US_PER_DAY
 # The columns the reader keeps, by the prefix of their keys in trace_columns.Pieces.arrays; each
 # group's arrays are parallel (one value per event). "memory" ([memory] instants) has a ts only.
 SPAN_GROUPS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "host_sync", "gpu_optimizer",
-               "other", "cpu_named")
+               "other", "cpu_named", "python")
 # "other": CPU-side spans of no operator category but the named ones, and cuda_sync events;
 # "cpu_named": steps and DataLoader spans written as operators, which the named spans hold too:
 # filtered, not counted twice.
-UNCOUNTED_GROUPS = ("cpu_named",)
+# "python": Python frames, which "other" holds too.
+UNCOUNTED_GROUPS = ("cpu_named", "python")
 # The groups that hold every span the reader widened its extents with, but for the named spans:
 # all but the GPU's optimizer copies, which never did. The extents are taken again from them and
 # the named spans, filtered, when something was left out.

@@ -14,7 +14,7 @@ from common.trace_columns import TraceColumns
 
 # A sync is the operator's that issued it: the innermost CPU operator span on the same thread that
 # holds the runtime call. (Runtime calls also carry an "External id", but in the 2022-2023 traces
-# in ../shared/traces it does not match their operator's: time on the thread does, in all.)
+# the real traces the tests read it does not match their operator's: time on the thread does.)
 # value_read: the host reads a value computed on the GPU (.item(), .cpu(), .tolist(), `if t:`,
 #   print(t); data-dependent shapes: nonzero, boolean-mask indexing, unique, masked_select).
 #   The operators below, or a copy (COPY_OPS) whose GPU copy runs device-to-host.
@@ -28,6 +28,13 @@ VALUE_READ_OPS = frozenset({
     "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave"})
 COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::_copy_from",
                       "aten::_copy_from_and_resize"})
+# Operators whose output's shape depends on the data: the host must read a count before it can
+# allocate the result (PyTorch documents nonzero as a host-device sync; boolean-mask indexing
+# x[mask] runs it). Syncs they issue are the host_roundtrip verdict's, not a value read a loop
+# could defer.
+DATA_DEPENDENT_OPS = frozenset({
+    "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+    "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave"})
 NO_OPERATOR = "(no operator)"
 SYNC_SOURCES_SHOWN = 3  # issuing operators listed per cause, the most frequent first
 
@@ -208,7 +215,9 @@ def sync_metrics(syncs: HostSyncs, busy: Spans, low: float, high: float, n_steps
         idle_by_cause[name] = 100.0 * float(idle[mine].sum()) / span if span > 0 else 0.0
         counts = Counter(s for s, chosen in zip(sources, mine.tolist()) if chosen)
         sources_by_cause[name] = {s: n / n_steps for s, n in counts.most_common(SYNC_SOURCES_SHOWN)}
+    data_dependent = sum(source in DATA_DEPENDENT_OPS for source in sources)
     return {"syncs_per_step": float(in_steps.sum()) / n_steps,
+            "data_dependent_syncs_per_step": data_dependent / n_steps,
             "syncs_by_cause_per_step": by_cause,
             "sync_idle_pct": 100.0 * float(idle.sum()) / span if span > 0 else 0.0,
             "sync_idle_pct_by_cause": idle_by_cause,

@@ -180,6 +180,8 @@ ARG_FIELDS = (
     ("total_allocated", "Total Allocated", int | float | None, None),  # [memory] events
     ("device_type", "Device Type", int, -1),
     ("bytes", "Bytes", Any, None),
+    ("copy_bytes", "bytes", Any, None),  # GPU copies: their size
+    ("call_from", "CallFrom", Any, None),  # python_function (with_stack): the caller's file:line
 )
 EVENT_FIELDS = (  # and "ph", the phase: a class attribute of each typed event (PHASE_FIELDS)
     ("cat", "cat", str | None, None),

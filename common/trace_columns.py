@@ -47,6 +47,8 @@ GPU_REGION_CATEGORY = "gpu_user_annotation"
 # categories (user_annotation, python_function, Trace, overhead, ...) are searched for step,
 # DataLoader and region names but not counted as work.
 CPU_OP_CATEGORIES = {"cpu_op", "operator", "python"}
+# Python frames (torch.profiler with_stack=True): read besides, for the hot frames (metrics).
+PYTHON_FRAME_CATEGORY = "python_function"
 
 # The harness's record_function regions, drawn on the report's CPU timeline.
 REGION_NAMES = ("data", "forward", "backward", "optimizer")
@@ -181,6 +183,13 @@ class TraceColumns:
     collective_spans: Spans = field(default_factory=Spans.empty)
     collective_ops: Spans = field(default_factory=Spans.empty)
     gpu_optimizer: Spans = field(default_factory=Spans.empty)  # GPU_REGION_CATEGORY's optimizer
+    memcpy_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))  # NaN: not written
+    # Python frames (PYTHON_FRAME_CATEGORY; empty without with_stack): spans, threads, names,
+    # callers (read_python_frames).
+    python: Spans = field(default_factory=Spans.empty)
+    python_thread: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    python_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+    python_call_from: np.ndarray = field(default_factory=lambda: np.empty(0, object))
     ddp_forwards: Spans = field(default_factory=Spans.empty)  # DDP_FORWARD spans, sorted
     ddp_forward_thread: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     # Gradient collectives (GRADIENT_COLLECTIVE; the backend's spans, else the c10d::* operators):
@@ -386,6 +395,7 @@ def read_piece(pieces: Pieces, events: list) -> None:
             pieces.add("kernel_stream", thread_ids(pieces, group))  # a GPU event's tid: its stream
         elif kind == "memcpy":
             names = names_of(group)
+            pieces.add("memcpy_bytes", [number_or_nan(event.args.copy_bytes) for event in group])
             pieces.add("memcpy_h2d", [H2D_MARKER in name for name in names])
             pieces.add("memcpy_d2h", [D2H_MARKER in name for name in names])  # sync attribution
             pieces.add("memcpy_pageable", [PAGEABLE_MARKER in name for name in names])
@@ -403,6 +413,8 @@ def read_piece(pieces: Pieces, events: list) -> None:
             read_host_syncs(pieces, group, spans)
         elif kind in ("cpu_op", "cpu_other"):
             read_cpu_group(pieces, kind, group, spans)
+            if str(category).lower() == PYTHON_FRAME_CATEGORY:
+                read_python_frames(pieces, group, spans)
     kept = [event for event in memory if event.args.total_allocated is not None]
     if kept:
         pieces.add("memory_ts", times_of(kept))
@@ -458,6 +470,25 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
         # Interned: one string per distinct name is kept, not each event's own copy (holding
         # those across pieces fragments the allocator: 0.2-0.3 s slower on the 135 MB benchmark).
         pieces.add("cpu_op_name", np.array(list(map(sys.intern, names)), dtype=object)[work])
+
+
+def read_python_frames(pieces: Pieces, group: list, spans: Spans) -> None:
+    """Python frames: their spans, threads, names ("file(line): function", or a built-in's
+    "<built-in method ...>") and callers ("file:line"), names interned (a few thousand distinct
+    ones against 100 000s of events)."""
+    pieces.add("python_start", spans.start)
+    pieces.add("python_end", spans.end)
+    pieces.add("python_thread", thread_ids(pieces, group))
+    pieces.add("python_name", np.array(list(map(sys.intern, names_of(group))), dtype=object))
+    pieces.add("python_call_from", np.array([sys.intern(str(event.args.call_from or ""))
+                                             for event in group], dtype=object))
+
+
+def number_or_nan(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 # --- What the sync attribution reads (syncs.host_syncs). -------------------------------------
@@ -591,6 +622,11 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         runtime_thread=pieces.column("runtime_thread", np.int64),
         cpu_op_thread=pieces.column("cpu_op_thread", np.int64),
         cpu_op_names=pieces.column("cpu_op_name", object),
+        memcpy_bytes=pieces.column("memcpy_bytes"),
+        python=Spans(pieces.column("python_start"), pieces.column("python_end")),
+        python_thread=pieces.column("python_thread", np.int64),
+        python_names=pieces.column("python_name", object),
+        python_call_from=pieces.column("python_call_from", object),
         memcpy_d2h=pieces.column("memcpy_d2h", bool),
         memcpy_pageable=pieces.column("memcpy_pageable", bool),
         host_syncs=Spans(pieces.column("host_sync_start"), pieces.column("host_sync_end")),

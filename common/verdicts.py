@@ -25,6 +25,16 @@ HOST_SYNC_IDLE_MIN_PCT = 5.0
 # Syncs are read by cause (metrics.SYNC_CAUSES): value reads and the rest are host_sync's; syncs
 # inside host-to-device copies are h2d_copy's (same two thresholds), whose fix is pinned memory.
 HOST_SYNC_CAUSES = ("value_read", "other")
+# Host round trips: data sent to the host and back in a step (a device-to-host copy answered by a
+# host-to-device one: .cpu() -> numpy -> .to(device), .tolist() -> torch.tensor(list, device)),
+# or operators that must read a count before they allocate (syncs.DATA_DEPENDENT_OPS: x[mask],
+# nonzero, unique). One round trip a step is already code written so; "several" data-dependent
+# syncs is two (one mask a step is common). Either must cost: the GPU idles at least
+# HOST_SYNC_IDLE_MIN_PCT of the window in the gaps the step's syncs end in, so a GPU-bound loop
+# with one small round trip stays silent (the shared A100-80GB trace: 3 round trips a step,
+# 2.8 % idle in sync gaps). Ours, with the peers' sync rule's idea.
+HOST_ROUNDTRIP_PER_STEP_MIN = 1.0  # device -> host -> device round trips per step
+DATA_DEPENDENT_SYNCS_PER_STEP_MIN = 2.0  # syncs from data-dependent operators per step
 # FP32 math: peers fire when tensor cores run 0 % while GEMMs are >= 20 % of kernel time. We fire
 # when GEMMs *not* on tensor cores are >= 20 % of kernel time: the same when no kernel uses them,
 # and still right when a few (say TF32 convolutions) do while the matmuls run in FP32.
@@ -172,6 +182,42 @@ def rule_host_sync(m: dict) -> dict | None:
                "around a timer, not in every step")
     return finding("host_sync", severity(idle_pct, HOST_SYNC_IDLE_MIN_PCT), evidence, fix,
                    "item_sync")
+
+
+def rule_host_roundtrip(m: dict) -> dict | None:
+    """Data taken to the host and back, or data-dependent operators, in every step, costing the
+    GPU idle time in the gaps the syncs end in; with Python frames (--with-stack) the evidence
+    names the user's lines that issued them."""
+    gpu = m["gpu"]
+    if not gpu:
+        return None
+    trips, dependent = gpu["round_trips_per_step"], gpu["data_dependent_syncs_per_step"]
+    if (trips < HOST_ROUNDTRIP_PER_STEP_MIN and dependent < DATA_DEPENDENT_SYNCS_PER_STEP_MIN) \
+            or gpu["sync_idle_pct"] < HOST_SYNC_IDLE_MIN_PCT:
+        return None
+    copies = gpu["copies_per_step"]
+    evidence = (
+        f"host round trips: {trips:.1f} per step (device -> host -> device; "
+        f"{copies['d2h']['count']:.1f} copies to the host and {copies['h2d']['count']:.1f} back "
+        f"a step) and {dependent:.1f} syncs a step from operators whose output size depends on "
+        f"the data ({sync_sources(gpu, ('value_read', 'h2d_copy'))}); the GPU idles "
+        f"{gpu['sync_idle_pct']:.0f} % of the window in the gaps the syncs end in (rule: >= "
+        f"{HOST_ROUNDTRIP_PER_STEP_MIN:.0f} round trip or >= "
+        f"{DATA_DEPENDENT_SYNCS_PER_STEP_MIN:.0f} data-dependent syncs a step, and >= "
+        f"{HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
+    lines = {**((m.get("python") or {}).get("syncs_by_user_frame_per_step") or {})}
+    for line, per_step in ((m.get("python") or {}).get("copies_by_user_frame_per_step")
+                           or {}).items():
+        lines[line] = max(lines.get(line, 0.0), per_step)
+    if lines:
+        evidence += "; your lines: " + ", ".join(f"{line} ({n:.1f}/step)"
+                                                 for line, n in lines.items())
+    fix = ("keep the step's data on the device: tensor ops instead of Python loops over "
+           ".tolist() values, torch.where or a masked sum instead of x[mask], torch instead of "
+           "a numpy detour, constant tensors built once outside the step; "
+           "torch.cuda.set_sync_debug_mode(\"warn\") names each syncing line")
+    return finding("host_roundtrip", severity(gpu["sync_idle_pct"], HOST_SYNC_IDLE_MIN_PCT),
+                   evidence, fix, "host_roundtrip")
 
 
 def rule_small_batch(m: dict) -> dict | None:
@@ -414,7 +460,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
 
 
 RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,
-         rule_launch_overhead, rule_host_overhead, rule_host_sync, rule_h2d_copy,
+         rule_launch_overhead, rule_host_overhead, rule_host_sync, rule_host_roundtrip,
+         rule_h2d_copy,
          rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)
 
 

@@ -79,6 +79,7 @@ def verdicts(c: dict, variant: str) -> str:
 # GPU column is rewritten from the reference on every run.
 TOP_ROW = re.compile(r"^\| \[`(\w+)`\]\(demos/\w+/\) \|(.*)\|$", re.MULTILINE)
 TOP_CELLS = 4  # after the pair: symptom, fix, GPU, CPU
+NOT_IN_REFERENCE = "not in this reference run yet"  # a pair added since the GPU run
 
 
 def hand_cells(text: str, tag: str) -> dict[str, tuple[str, str, str]]:
@@ -97,8 +98,8 @@ def hand_cells(text: str, tag: str) -> dict[str, tuple[str, str, str]]:
 
 def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, str]]) -> str:
     """The top README's one table: each pair's symptom, fix and CPU result (kept from `hand`),
-    and its result on this GPU in words (compare.headline); pairs in `hand`'s order, new ones
-    after it with empty cells to fill."""
+    and its result on this GPU in words (compare.headline, or NOT_IN_REFERENCE for a pair the run
+    lacks); pairs in `hand`'s order, new ones after it with empty cells to fill."""
     def every(key: str) -> list[str]:
         return sorted({str(c[v]["summary"].get(key)) for c in comparisons.values()
                        for v in VARIANTS})
@@ -112,11 +113,11 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
               f"[traces/reference/README.md](traces/reference/README.md))."), "",
              f"| pair | symptom | fix | {gpu.upper()}, fixed vs bad | CPU, fixed vs bad |",
              "|---|---|---|---|---|"]
-    order = [demo for demo in hand if demo in comparisons]
-    order += sorted(demo for demo in comparisons if demo not in hand)
+    order = list(hand) + sorted(demo for demo in comparisons if demo not in hand)
     for demo in order:
         symptom, fix, cpu = hand.get(demo, ("", "", ""))
-        result = compare.headline(comparisons[demo]) or "n/a"
+        result = (compare.headline(comparisons[demo]) or "n/a" if demo in comparisons
+                  else NOT_IN_REFERENCE)
         lines.append(f"| [`{demo}`](demos/{demo}/) | {symptom} | {fix} | {result} | {cpu} |"
                      .replace("|  |", "| |"))
     return "\n".join(lines)

@@ -46,6 +46,8 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed steps, passed to every script (default: each preset's)")
     parser.add_argument("--seed", type=int, default=None,
                         help="random seed, passed to every script (default: 0)")
+    parser.add_argument("--with-stack", action="store_true",
+                        help="passed to every script: record Python frames in the traces")
     parser.add_argument("--out", type=Path, default=ROOT / "traces",
                         help="output root (default: traces/)")
     parser.add_argument("--update-reference", action="store_true",
@@ -68,6 +70,7 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
 def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
     command = [sys.executable, str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
                "--out", str(flags.out)] + (["--smoke"] if flags.smoke else [])
+    command += ["--with-stack"] if flags.with_stack else []
     command += [arg for flag, value in (("--steps", flags.steps), ("--seed", flags.seed))
                 if value is not None for arg in (flag, str(value))]
     return subprocess.run(command, cwd=ROOT).returncode == 0
