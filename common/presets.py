@@ -181,6 +181,26 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "smoke": Preset(batch_size=8, steps=3, warmup_steps=2,
                         sizes=dict(width=16, blocks=2, num_classes=10)),
     },
+    "host_roundtrip": {
+        # bad's round trips cost host time per sample (on the project's 2-core box ~80 ns a sample
+        # for the loop over .tolist(), ~80 ns for making its list a tensor: ~5 ms at 32,768 with
+        # the rest), and its 7 syncs a step leave the GPU idle while that Python runs. fixed's
+        # step is under a hundred small kernels; at width 256 with two blocks (~0.8 MFLOP a
+        # sample) the GPU's work stays around a millisecond or two, so the host work is most of
+        # bad's step: a big batch of a small model, as tabular and ranking models train. Two
+        # classes: binary focal loss, its usual setting.
+        "cuda": Preset(batch_size=32768, steps=100, warmup_steps=5,
+                       sizes=dict(width=256, blocks=2, num_classes=2)),
+        # One block 32 wide: the model's own work (~0.27 us a sample on one core) is about what
+        # bad's round trips add (~0.2 us), so fixed ran 1.7-1.9x the samples/s on the 2-core box.
+        # Two classes, not ten: there log_softmax over 10 classes took 0.42 ms at this batch
+        # (0.07 ms over 2), more than bad's whole loop (0.34 ms). 1,000 steps: ~2 s of bad.
+        "cpu": Preset(batch_size=4096, steps=1000, warmup_steps=5,
+                      sizes=dict(width=32, blocks=1, num_classes=2)),
+        # 64 samples, so that a few are hard (a loss 1 standard deviation above the mean).
+        "smoke": Preset(batch_size=64, steps=3, warmup_steps=1,
+                        sizes=dict(width=16, blocks=1, num_classes=2)),
+    },
 }
 
 

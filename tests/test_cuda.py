@@ -50,3 +50,8 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
         analysis = analyze.analyze_trace(run_dir)
         assert analysis["device"] == "cuda", f"{variant}: no GPU activity in the trace"
         assert analysis["gpu"]["kernels_per_step"] > 0, variant
+        if demo == "host_roundtrip":  # its syncs are structural: the same count at any size
+            syncs = analysis["gpu"]["syncs_per_step"]
+            assert syncs >= 5 if variant == "bad" else syncs == 0, (variant, syncs)
+            # fixed ran a step under torch.cuda.set_sync_debug_mode("error") (config sync_free)
+            assert variant == "bad" or "made no sync" in result.stdout

@@ -15,6 +15,11 @@ from tests.conftest import ROOT, read_summary, run_demo
 
 DEMOS = sorted(d.name for d in (ROOT / "demos").iterdir() if (d / "bad.py").is_file())
 PY_SPY_TIMEOUT_S = 300  # a CPU run of host_roundtrip/bad takes seconds; this stops a hang
+# The CPU preset's 1,000 timed steps spend about 0.3 ms each in the loop (its walkthrough): some
+# 0.3 s of the run in per_sample_weights, about 70 samples at 200 Hz (400 steps gave 27 here);
+# 30 steps gave some 4 and once none. --nonblocking: py-spy reads the process without stopping
+# it (stopping it at 500 Hz made a 5 s run take 39 s).
+PY_SPY_RATE_HZ = 200
 
 
 @pytest.mark.parametrize("demo", DEMOS)
@@ -65,9 +70,10 @@ def test_py_spy_names_the_hot_loop(tmp_path):
         pytest.skip("demos/host_roundtrip/ is missing")
     svg = tmp_path / "flame.svg"
     result = subprocess.run(
-        [py_spy, "record", "--rate", "200", "--format", "flamegraph", "-o", str(svg), "--",
-         sys.executable, str(ROOT / "demos" / "host_roundtrip" / "bad.py"), "--device", "cpu",
-         "--steps", "30", "--out", str(tmp_path / "out")],
+        [py_spy, "record", "--nonblocking", "--rate", str(PY_SPY_RATE_HZ), "--format",
+         "flamegraph", "-o", str(svg), "--", sys.executable,
+         str(ROOT / "demos" / "host_roundtrip" / "bad.py"), "--device", "cpu",
+         "--out", str(tmp_path / "out")],
         cwd=ROOT, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
     if result.returncode != 0 and ("ptrace" in result.stderr.lower()
                                    or "permission" in result.stderr.lower()):
@@ -75,3 +81,16 @@ def test_py_spy_names_the_hot_loop(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     text = svg.read_text()
     assert "per_sample_weights" in text and "bad.py" in text
+
+
+def test_hot_frames_name_the_loop_of_host_roundtrip(tmp_path):
+    """At the CPU preset (few steps), the analyzer's hot frames on bad --with-stack name the
+    function holding the Python loop over .tolist() values, in bad.py, as the user's."""
+    if not (ROOT / "demos" / "host_roundtrip" / "bad.py").is_file():
+        pytest.skip("demos/host_roundtrip/ is missing")
+    result = run_demo("host_roundtrip", "bad", "--device", "cpu", "--steps", "5", "--with-stack",
+                      "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    hot = analyze.analyze_trace(tmp_path / "host_roundtrip" / "bad")["python"]["hot_frames"]
+    loop = [frame for frame in hot if frame["frame"].endswith(" per_sample_weights")]
+    assert loop and loop[0]["user"] and loop[0]["frame"].split(":")[0].endswith("bad.py"), hot
