@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from common import sanity, trace
-from common.frames import python_frames
+from common.frames import FrameTimes, frame_times, python_frames
+from common.syncs import host_syncs
 from common.intervals import Spans, merge, union_in
 from common.metrics import (
     BREAKDOWN_ROLES,
@@ -82,6 +83,7 @@ class Analysis:
     memory_ts: np.ndarray = field(default_factory=lambda: np.empty(0))  # µs, device's events
     memory_mb: np.ndarray = field(default_factory=lambda: np.empty(0))
     columns: TraceColumns | None = None  # what compare's what_changed reads (time_by_name)
+    frames: FrameTimes | None = None  # Python frames' self time by label (None: no frames)
 
 
 # --- The whole analysis. -------------------------------------------------------------------------
@@ -116,6 +118,10 @@ def analyze(path: Path) -> Analysis:
     layer_batches = columns.batch_rows[(columns.batch_ts >= host_window[0])
                                        & (columns.batch_ts < host_window[1])]
 
+    # The host syncs and host-device copies in the steps: read by the GPU numbers and by the
+    # Python frames that issued them.
+    syncs = host_syncs(columns, host, runtime_step)
+    copied = copy_calls(columns, runtime_step)
     metrics = {
         "trace": str(trace_path),
         "device": device_kind(columns, has_gpu, gpu_props),
@@ -125,7 +131,8 @@ def analyze(path: Path) -> Analysis:
                     "p95": float(np.percentile(step_ms, 95))},
         "dataloader_pct": (100.0 * union_in(columns.dataloader, *window) / span
                            if span > 0 else 0.0),
-        "gpu": gpu_metrics(columns, window, n_steps, runtime_step, host) if has_gpu else None,
+        "gpu": (gpu_metrics(columns, window, n_steps, runtime_step, host, syncs=syncs,
+                            copied=copied) if has_gpu else None),
         "peak_memory_mb": float(memory_mb.max()) if memory_mb.size else None,
         # Beyond the issue's list: the GPU's memory (for the activation-memory verdict), the
         # window and the plugin-style breakdown of an average step.
@@ -153,13 +160,17 @@ def analyze(path: Path) -> Analysis:
         ][:HOST_OVERHEAD_OPERATORS_SHOWN]
     # Python frames (with_stack): the hot ones, and the user's lines that issued each sync and
     # host-device copy in the steps (null without Python frames in the trace).
-    in_steps = runtime_step >= 0
-    syncs = np.flatnonzero(in_steps & columns.runtime_is_sync)
-    copies, _ = copy_calls(columns, runtime_step)
-    metrics["python"] = python_frames(
-        columns, host_window, n_steps,
-        syncs_at=(columns.runtime.start[syncs], columns.runtime_thread[syncs]),
-        copies_at=(columns.runtime.start[copies], columns.runtime_thread[copies]))
+    frames = None
+    metrics["python"] = None
+    if ((columns.python.start >= host_window[0]) & (columns.python.start < host_window[1])).any():
+        frames = frame_times(columns, host_window, n_steps)
+        in_steps = syncs.step >= 0
+        copy_call, _ = copied
+        metrics["python"] = python_frames(
+            columns, frames, host_window, n_steps,
+            syncs=(Spans(syncs.start[in_steps], syncs.end[in_steps]), syncs.thread[in_steps]),
+            copies=(Spans(columns.runtime.start[copy_call], columns.runtime.end[copy_call]),
+                    columns.runtime_thread[copy_call]))
     roles = [columns.kernels, columns.memcpy, columns.memset, columns.runtime, columns.dataloader,
              columns.cpu_ops]
     breakdown = step_breakdown_ms(steps, roles)
@@ -176,7 +187,7 @@ def analyze(path: Path) -> Analysis:
     return Analysis(result=metrics, steps=steps, window=window, host_window=host_window,
                     breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),
-                    memory_ts=memory_ts, memory_mb=memory_mb, columns=columns)
+                    memory_ts=memory_ts, memory_mb=memory_mb, columns=columns, frames=frames)
 
 
 def analyze_trace(path: Path) -> dict:
@@ -211,6 +222,11 @@ def analyze_ranks(run_dir: Path) -> dict | None:
         "wait_spread_ms_per_step": max(waiting.values()) - min(waiting.values())}}
 
 
+def verdict_ids(result: dict) -> str:
+    """"fp32_matmul, host_sync": the ids of the verdicts an analysis holds, or "none"."""
+    return ", ".join(found["id"] for found in result["findings"]) or "none"
+
+
 def format_ranks(view: dict) -> str:
     cross = view["cross_rank"]
     rows = [("rank", "step ms", "collectives/step", "in collectives ms/step", "verdicts")]
@@ -219,7 +235,7 @@ def format_ranks(view: dict) -> str:
         rows.append((str(dist["rank"]), f"{result['step_ms']['mean']:.1f}",
                      f"{dist['collectives_per_step']:.1f}",
                      f"{dist['collective_ms_per_step']:.1f}",
-                     ", ".join(f["id"] for f in result["findings"]) or "none"))
+                     verdict_ids(result)))
     lines = [f"ranks        {cross['ranks_read']} of {cross['world_size']} "
              f"({view['ranks'][0]['distributed']['backend']}), one trace each"]
     lines += text_table(rows, right=(1, 2, 3))

@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 from common import analyze, trace
-from common.frames import frame_times
 from common.metrics import BREAKDOWN_ROLES, TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")  # a demo's two runs
@@ -86,14 +85,10 @@ def check_same_conditions(demo_dir: Path, bad: dict, fixed: dict) -> None:
                                f"{verb} {fixed.get(key)}; {remedy}")
 
 
-def analyze_variant(demo_dir: Path, variant: str, summary: dict) -> dict:
-    """{"summary": summary, "analysis": analyze_trace of the trace the summary names (or, with no
-    trace_file in it, the run's newest trace), "detail": its analyze.Analysis (not JSON)}."""
-    return analyze_run(Path(demo_dir) / variant, summary)
-
-
 def analyze_run(path: Path, summary: dict) -> dict:
-    """analyze_variant for a run folder or a trace file `path`."""
+    """{"summary": summary, "analysis": analyze_trace of the trace the summary names (or, with no
+    trace_file in it, the run folder's newest trace; or the trace file `path`), "detail": its
+    analyze.Analysis (not JSON)}."""
     trace_path = path
     if summary.get("trace_file") and path.is_dir():
         trace_path = path / str(summary["trace_file"])
@@ -176,17 +171,12 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
                            f"e.g. traces/dataloader_workers, holding bad/ and fixed/)")
     summaries = {variant: read_summary(demo_dir, variant) for variant in VARIANTS}
     check_same_conditions(demo_dir, *(summaries[v] for v in VARIANTS))  # before the slow part
-    runs = {variant: analyze_variant(demo_dir, variant, summaries[variant])
-            for variant in VARIANTS}
-    comparison = side_by_side(runs, bad_or_before(runs).get("demo", demo_dir.name), keep_detail)
+    runs = {variant: analyze_run(demo_dir / variant, summaries[variant]) for variant in VARIANTS}
+    comparison = side_by_side(runs, summaries["bad"].get("demo", demo_dir.name), keep_detail)
     # A pair run as several ranks (ddp_no_sync): every rank's step and collective time.
     comparison["ranks"] = {v: (analyze.analyze_ranks(demo_dir / v) or {}).get("cross_rank")
                            for v in VARIANTS}
     return comparison
-
-
-def bad_or_before(runs: dict) -> dict:
-    return next(iter(runs.values()))["summary"]
 
 
 def run_summary(path: Path) -> dict:
@@ -367,10 +357,9 @@ def changed_rows(before: dict, after: dict, labels: tuple[str, str]) -> list[dic
 
 
 def frames_changed(details: list, labels: tuple[str, str]) -> list[dict] | None:
-    """Python frames by self time per step (frames.frame_times), where a run's trace has them
+    """Python frames by self time per step (analyze's frame_times), where a run's trace has them
     (--with-stack); None where neither has."""
-    times = [frame_times(d.columns, d.host_window, d.steps.size)[0] if d.columns.python.size
-             else {} for d in details]
+    times = [d.frames.times if d.frames else {} for d in details]
     return changed_rows(*times, labels) if any(times) else None
 
 
@@ -411,8 +400,6 @@ ROWS = [
     ("tensor cores % of kernel time", gpu_value("tensor_core_pct"), ".0f", 1),
     ("tensor cores % of GEMM time", gpu_value("tensor_core_gemm_pct"), ".0f", 1),
 ]
-# Which way each row is better, by label (change_words' `better`).
-BETTER = {label: better for label, _, _, better in ROWS}
 
 
 # Rows shown as n/a rather than left out when neither summary has them: the harness's newer
@@ -444,10 +431,22 @@ def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
         shown = ["n/a" if x is None else f"{x:{spec}}" for x in (bad, fixed)]
         change = None if label in NO_RATIO_ROWS else ratio(fixed, bad)
         rows.append((label, *shown, change_words(change, better)))
-    verdicts = [", ".join(f["id"] for f in comparison[v]["analysis"]["findings"]) or "none"
-                for v in labels]
+    verdicts = [analyze.verdict_ids(comparison[v]["analysis"]) for v in labels]
     rows.append(("verdicts", *verdicts, ""))
     return rows
+
+
+AUTOCAST_NAMES = {"bfloat16": "BF16", "float16": "FP16"}  # torch dtype -> how tables say it
+
+
+def precision(summary: dict) -> str:
+    """A run's math precision from its summary's config: "BF16 autocast", "FP32, TF32 matmuls"
+    or "FP32"."""
+    config = summary.get("config") or {}
+    dtype = config.get("autocast_dtype")
+    if dtype:
+        return f"{AUTOCAST_NAMES.get(dtype, dtype)} autocast"
+    return "FP32, TF32 matmuls" if config.get("tf32_matmul") else "FP32"
 
 
 def conditions(comparison: dict) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
 from common.intervals import Spans, concat
-from common.metrics import self_time_us
+from common.metrics import US_PER_MS, per_name, self_time_us
+from common.syncs import innermost_holders
 from common.trace_columns import TraceColumns
 
 HOT_FRAMES_SHOWN = 10  # the top frames by self time, as cProfile's listings show
@@ -59,74 +61,77 @@ def frame_label(name: str, call_from: str) -> tuple[str, bool]:
             bool(caller) and is_user_file(caller))
 
 
-def innermost_user_frame(starts: np.ndarray, frame_start: np.ndarray, frame_end: np.ndarray,
-                         frame_thread: np.ndarray, thread: np.ndarray) -> np.ndarray:
-    """For each time in `starts` (on its `thread`), the index of the innermost user frame that
-    holds it (the latest-starting one open then), -1 for none."""
-    found = np.full(starts.size, -1, np.int64)
-    for i, (at, on) in enumerate(zip(starts.tolist(), thread.tolist())):
-        holds = np.flatnonzero((frame_thread == on) & (frame_start <= at) & (frame_end > at))
-        if holds.size:
-            found[i] = holds[np.argmax(frame_start[holds])]
-    return found
+@dataclass
+class FrameTimes:
+    """Every frame label in the host window -> (self ms per step, calls per step); which labels
+    are the user's; and the frames of the user's own Python code (indices into columns.python),
+    with their labels: where syncs and copies are attributed."""
+    times: dict[str, tuple[float, float]]
+    user: dict[str, bool]
+    user_code: np.ndarray
+    user_code_labels: np.ndarray
 
 
-def frame_times(columns: TraceColumns, host_window: tuple[float, float], n_steps: int
-                ) -> tuple[dict[str, tuple[float, float]], dict[str, bool], np.ndarray,
-                           np.ndarray]:
-    """Every frame label in the host window -> (self ms per step, calls per step), which labels
-    are the user's, and the frames (indices into columns.python) of the user's own Python code
-    with their labels (where syncs and copies are attributed)."""
+def frame_times(columns: TraceColumns, host_window: tuple[float, float],
+                n_steps: int) -> FrameTimes:
+    """Self time per frame label (frame_label) in the host window. Labelled once per distinct
+    (name, caller) pair: a trace holds 100 000s of frames of a few hundred pairs (names and
+    callers are interned strings, so their ids stand for them)."""
     frames = columns.python
     low, high = host_window
     inside = np.flatnonzero((frames.start >= low) & (frames.start < high))
-    ops = columns.cpu_ops
-    both = concat(Spans(frames.start[inside], frames.end[inside]), ops)
+    both = concat(Spans(frames.start[inside], frames.end[inside]), columns.cpu_ops)
     threads = np.r_[columns.python_thread[inside], columns.cpu_op_thread]
     self_us = self_time_us(both, threads)[:inside.size]
-    names = columns.python_names[inside]
-    labelled = [frame_label(str(name), str(caller))
-                for name, caller in zip(names, columns.python_call_from[inside])]
-    times: dict[str, tuple[float, float]] = {}
-    for (label, _), us in zip(labelled, self_us.tolist()):
-        ms, calls = times.get(label, (0.0, 0.0))
-        times[label] = (ms + us / 1000.0 / n_steps, calls + 1.0 / n_steps)
-    user_of = {label: user for label, user in labelled}
-    code = np.array([user and FRAME_NAME.match(str(name)) is not None
-                     for (_, user), name in zip(labelled, names)], dtype=bool)
-    return (times, user_of, inside[code],
-            np.array([label for label, _ in labelled], dtype=object)[code])
+    names, callers = columns.python_names[inside], columns.python_call_from[inside]
+    pair_ids = np.stack([np.fromiter(map(id, names), np.int64, names.size),
+                         np.fromiter(map(id, callers), np.int64, callers.size)], axis=1)
+    _, first, codes = np.unique(pair_ids.reshape(-1, 2), axis=0, return_index=True,
+                                return_inverse=True)
+    # Codes in order of first appearance, not of the strings' addresses: labels that two pairs
+    # share (built-ins of two objects) then add up in the same order on every run and reader.
+    by_appearance = np.argsort(first, kind="stable")
+    rank = np.empty_like(by_appearance)
+    rank[by_appearance] = np.arange(by_appearance.size)
+    first, codes = first[by_appearance], rank[codes.ravel()]
+    labelled = [frame_label(str(names[i]), str(callers[i])) for i in first.tolist()]
+    labels = [label for label, _ in labelled]
+    # The user's own Python code (not a built-in they called): where syncs and copies are put.
+    code = np.array([user and FRAME_NAME.match(str(names[i])) is not None
+                     for (_, user), i in zip(labelled, first.tolist())], dtype=bool)[codes]
+    return FrameTimes(times=per_name(codes, labels, self_us, n_steps),
+                      user={label: user for label, user in labelled},
+                      user_code=inside[code],
+                      user_code_labels=np.array(labels, dtype=object)[codes[code]])
 
 
-def python_frames(columns: TraceColumns, host_window: tuple[float, float], n_steps: int,
-                  syncs_at: tuple[np.ndarray, np.ndarray],
-                  copies_at: tuple[np.ndarray, np.ndarray]) -> dict | None:
-    """The hot frames in the host window (HOT_FRAMES_SHOWN by self time: label, user's or not, ms
-    per step, share of the host window) and, per line of the user's code, the syncs and the
-    host-device copies it issued per step (`syncs_at`, `copies_at`: the start and thread of each
-    sync call and copy call in the steps). None for a trace without Python frames."""
-    frames = columns.python
-    low, high = host_window
-    if not ((frames.start >= low) & (frames.start < high)).any():
-        return None
-    times, user_of, user_index, user_labels = frame_times(columns, host_window, n_steps)
-    step_ms = (high - low) / 1000.0 / n_steps
+def python_frames(columns: TraceColumns, table: FrameTimes, host_window: tuple[float, float],
+                  n_steps: int, syncs: tuple[Spans, np.ndarray],
+                  copies: tuple[Spans, np.ndarray]) -> dict:
+    """The hot frames (HOT_FRAMES_SHOWN by self time: label, user's or not, ms per step, share of
+    the mean host step) and, per line of the user's code, the syncs and the host-device copies
+    it issued per step (`syncs`, `copies`: the calls in the steps, and their threads): each to
+    the innermost frame of the user's code that holds the call (syncs.innermost_holders)."""
+    times = table.times
+    step_ms = (host_window[1] - host_window[0]) / US_PER_MS / n_steps
     hot = sorted(times, key=lambda label: (-times[label][0], label))[:HOT_FRAMES_SHOWN]
+    user_frames = Spans(columns.python.start[table.user_code], columns.python.end[table.user_code])
+    user_threads = columns.python_thread[table.user_code]
 
-    def per_user_line(at: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
-        holder = innermost_user_frame(at[0], frames.start[user_index], frames.end[user_index],
-                                      columns.python_thread[user_index], at[1])
+    def per_user_line(calls: Spans, threads: np.ndarray) -> dict[str, float]:
+        holder = innermost_holders(user_frames, user_threads, calls, threads)
         counts: dict[str, float] = {}
         for index in holder[holder >= 0].tolist():
-            counts[user_labels[index]] = counts.get(user_labels[index], 0.0) + 1.0 / n_steps
+            line = table.user_code_labels[index]
+            counts[line] = counts.get(line, 0.0) + 1.0 / n_steps
         return dict(sorted(counts.items(), key=lambda item: -item[1])[:USER_LINES_SHOWN])
 
     return {
-        "hot_frames": [{"frame": label, "user": user_of[label],
+        "hot_frames": [{"frame": label, "user": table.user[label],
                         "self_ms_per_step": times[label][0],
                         "pct": 100.0 * times[label][0] / step_ms if step_ms > 0 else 0.0}
                        for label in hot],
-        "user_ms_per_step": sum(ms for label, (ms, _) in times.items() if user_of[label]),
-        "syncs_by_user_frame_per_step": per_user_line(syncs_at),
-        "copies_by_user_frame_per_step": per_user_line(copies_at),
+        "user_ms_per_step": sum(ms for label, (ms, _) in times.items() if table.user[label]),
+        "syncs_by_user_frame_per_step": per_user_line(*syncs),
+        "copies_by_user_frame_per_step": per_user_line(*copies),
     }

@@ -10,7 +10,7 @@ import numpy as np
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
 from common.kernel_names import is_gemm, uses_tensor_cores
 from common.trace import BYTES_PER_MB
-from common.syncs import gap_of, host_syncs, step_index, sync_metrics
+from common.syncs import HostSyncs, gap_of, host_syncs, step_index, sync_metrics
 from common.trace_columns import (
     OPTIMIZER_REGION,
     ROLE_REGION,
@@ -191,16 +191,19 @@ def kernels_of_steps(columns: TraceColumns, window: tuple[float, float],
     runtime = columns.runtime
     if not runtime.size:
         return in_window
+    call = launching_call(columns, columns.kernel_correlation)
     launched = (runtime.start >= host_window[0]) & (runtime.start < host_window[1])
-    ours = np.isin(columns.kernel_correlation, columns.runtime_correlation[launched])
-    unmatched = in_window & ~np.isin(columns.kernel_correlation, columns.runtime_correlation)
+    ours = (call >= 0) & launched[np.maximum(call, 0)]
+    unmatched = in_window & (call < 0)
     if not unmatched.any():
         return ours
-    stream = columns.kernel_stream
-    # Per stream, the start of its first kernel launched in the steps (a few streams a trace).
-    first_start = {int(s): float(kernels.start[ours & (stream == s)].min())
-                   for s in np.unique(stream[ours])}
-    begun = kernels.start >= np.array([first_start.get(s, -np.inf) for s in stream.tolist()])
+    # Per stream, the start of its first kernel launched in the steps (-inf: none, so a stream
+    # the steps launched nothing on counts from the window's start).
+    streams, stream_of = np.unique(columns.kernel_stream, return_inverse=True)
+    first_start = np.full(streams.size, np.inf)
+    np.minimum.at(first_start, stream_of[ours], kernels.start[ours])
+    first_start[np.isinf(first_start)] = -np.inf
+    begun = kernels.start >= first_start[stream_of]
     return ours | (unmatched & begun)
 
 
@@ -235,16 +238,10 @@ def copy_calls(columns: TraceColumns, runtime_step: np.ndarray) -> tuple[np.ndar
     such copies lies in a collective span or c10d operator), which is the backend's, not a round
     trip the user wrote. Limit: a user's copy made while a collective span is open (on any
     thread) is left out with them."""
-    order = np.argsort(columns.memcpy_correlation, kind="stable")
-    correlation = columns.memcpy_correlation[order]
-    if not correlation.size:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    position = np.clip(np.searchsorted(correlation, columns.runtime_correlation), 0,
-                       correlation.size - 1)
-    issued = ((runtime_step >= 0) & (columns.runtime_correlation >= 0)
-              & (correlation[position] == columns.runtime_correlation))
-    calls = np.flatnonzero(issued)
-    copies = order[position[calls]]
+    call = launching_call(columns, columns.memcpy_correlation)  # per copy
+    copies = np.flatnonzero(call >= 0)
+    copies = copies[runtime_step[call[copies]] >= 0]
+    calls = call[copies]
     host_device = columns.memcpy_h2d[copies] | columns.memcpy_d2h[copies]
     collectives = merge(concat(columns.collective_spans, columns.collective_ops))
     at = columns.runtime.start[calls]
@@ -273,13 +270,14 @@ def same_data(down: float, up: float) -> bool:
             and max(down, up) / min(down, up) <= ROUND_TRIP_SIZE_RATIO_MAX)  # NaN: False
 
 
-def copy_metrics(columns: TraceColumns, runtime_step: np.ndarray, n_steps: int) -> dict:
+def copy_metrics(columns: TraceColumns, copied: tuple[np.ndarray, np.ndarray],
+                 runtime_step: np.ndarray, n_steps: int) -> dict:
     """Per step, the copies each way (count, MB where the trace writes their bytes, ms on the
     GPU) and the round trips: a device-to-host copy answered, later in the same step, by a
     host-to-device one of about its size (ROUND_TRIP_SIZE_RATIO_MAX; data taken to the host and
     sent back: .cpu() -> numpy -> .to(device), .tolist() -> torch.tensor(list, device=...)),
     each copy down paired once."""
-    calls, copies = copy_calls(columns, runtime_step)
+    calls, copies = copied  # copy_calls'
     duration_ms = (columns.memcpy.end - columns.memcpy.start)[copies] / US_PER_MS
     megabytes = sizes(columns, copies) / BYTES_PER_MB
     per_direction = {}
@@ -293,10 +291,11 @@ def copy_metrics(columns: TraceColumns, runtime_step: np.ndarray, n_steps: int) 
             "ms": float(duration_ms[mask].sum()) / n_steps}
     round_trips = 0
     step_of = runtime_step[calls]
+    size_of = sizes(columns, copies)
     for step in np.unique(step_of):
-        mine = copies[step_of == step]
+        mine = step_of == step
         waiting: list[float] = []  # bytes of this step's copies down not yet answered
-        for d2h, size in zip(columns.memcpy_d2h[mine].tolist(), sizes(columns, mine).tolist()):
+        for d2h, size in zip(columns.memcpy_d2h[copies[mine]].tolist(), size_of[mine].tolist()):
             if d2h:
                 waiting.append(size)
                 continue
@@ -590,9 +589,12 @@ def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, f
 # --- GPU metrics. -------------------------------------------------------------------------------
 
 def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,
-                runtime_step: np.ndarray, steps: Spans | None = None) -> dict:
+                runtime_step: np.ndarray, steps: Spans | None = None,
+                syncs: HostSyncs | None = None,
+                copied: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """`steps`: the host steps (ProfilerStep#N, or the whole trace), for the syncs recorded only as
-    cuda_sync events; without them those count where they lie in the window."""
+    cuda_sync events; without them those count where they lie in the window. `syncs` (host_syncs)
+    and `copied` (copy_calls), where the caller has them already."""
     low, high = window
     span = high - low
     kernels = columns.kernels
@@ -612,9 +614,12 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     first_gpu, last_gpu = float(busy.start[0]), float(busy.end[-1])
     gpu_span = last_gpu - first_gpu
     h2d = Spans(columns.memcpy.start[columns.memcpy_h2d], columns.memcpy.end[columns.memcpy_h2d])
-    syncs = host_syncs(columns, steps if steps is not None else Spans(np.array([low]),
-                                                                      np.array([high])),
-                       runtime_step)
+    if syncs is None:
+        syncs = host_syncs(columns, steps if steps is not None else Spans(np.array([low]),
+                                                                          np.array([high])),
+                           runtime_step)
+    if copied is None:
+        copied = copy_calls(columns, runtime_step)
 
     def share(part: float, whole: float) -> float:
         return 100.0 * part / whole if whole > 0 else 0.0
@@ -652,7 +657,7 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "non_tensor_core_gemm_pct": share(float(duration[gemm & ~tensor_core].sum()), kernel_time),
         # syncs_per_step, syncs_by_cause_per_step, sync_idle_pct (and by cause), sync sources
         **sync_metrics(syncs, busy, low, high, n_steps),
-        **copy_metrics(columns, runtime_step, n_steps),
+        **copy_metrics(columns, copied, runtime_step, n_steps),
         "idle_by_cause_pct": idle_by_cause_pct(columns, busy, window,
                                                syncs.end[syncs.step >= 0]),
     }

@@ -331,8 +331,7 @@ def summary_rows(sections: list[Section]) -> list[tuple[str, str, str, str]]:
             rows.append((section.demo, f"no comparison ({section.status})", "", ""))
             continue
         c = section.comparison
-        verdicts = [", ".join(f["id"] for f in c[v]["analysis"]["findings"]) or "none"
-                    for v in compare.VARIANTS]
+        verdicts = [analyze.verdict_ids(c[v]["analysis"]) for v in compare.VARIANTS]
         rows.append((section.demo, compare.headline(c) or "n/a", *verdicts))
     return rows
 

@@ -22,27 +22,28 @@ from common.trace_columns import TraceColumns
 #   the stream (.to(device, non_blocking=True) included), and a blocking one waits as well.
 # other: anything else (torch.cuda.synchronize() outside any operator, a library's own syncs).
 SYNC_CAUSES = ("value_read", "h2d_copy", "other")
-VALUE_READ_OPS = frozenset({
-    "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal",
-    "aten::allclose", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique",
-    "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave"})
-COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::_copy_from",
-                      "aten::_copy_from_and_resize"})
 # Operators whose output's shape depends on the data: the host must read a count before it can
 # allocate the result (PyTorch documents nonzero as a host-device sync; boolean-mask indexing
-# x[mask] runs it). Syncs they issue are the host_roundtrip verdict's, not a value read a loop
-# could defer.
+# x[mask] runs it). They read a value (host_sync counts them), and the host_roundtrip verdict
+# counts them apart: a sync no loop can defer, only a fixed-shape op avoids.
 DATA_DEPENDENT_OPS = frozenset({
     "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
     "aten::unique_dim", "aten::unique_consecutive", "aten::repeat_interleave"})
+VALUE_READ_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero",
+                            "aten::equal", "aten::allclose"}) | DATA_DEPENDENT_OPS
+COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::_copy_from",
+                      "aten::_copy_from_and_resize"})
 NO_OPERATOR = "(no operator)"
 SYNC_SOURCES_SHOWN = 3  # issuing operators listed per cause, the most frequent first
 
 
 @dataclass
 class HostSyncs:
-    """Every host sync in the trace, one entry each: when the host got control back, its host
+    """Every host sync in the trace, one entry each: when the host waited (start) and got
+    control back (end), on which thread (-1: a cuda_sync event of no runtime call), its host
     step (-1: none), its cause (index into SYNC_CAUSES) and its source (operator and copy)."""
+    start: np.ndarray
+    thread: np.ndarray
     end: np.ndarray
     step: np.ndarray
     cause: np.ndarray
@@ -164,7 +165,9 @@ def host_syncs(columns: TraceColumns, steps: Spans, runtime_step: np.ndarray) ->
     lone = Spans(columns.host_syncs.start[alone], columns.host_syncs.end[alone])
     cause += [2] * lone.size
     source += [NO_OPERATOR] * lone.size
-    return HostSyncs(end=np.r_[call_spans.end, lone.end],
+    return HostSyncs(start=np.r_[call_spans.start, lone.start],
+                     thread=np.r_[call_thread, np.full(lone.size, -1)].astype(np.int64),
+                     end=np.r_[call_spans.end, lone.end],
                      step=np.r_[runtime_step[calls], step_index(steps, lone)].astype(np.int64),
                      cause=np.array(cause, np.int64), source=source)
 

@@ -51,27 +51,10 @@ def find_pairs(folder: Path) -> list[str]:
     return pairs
 
 
-def precision(summary: dict) -> str:
-    config = summary.get("config") or {}
-    if config.get("autocast_dtype") == "bfloat16":
-        return "BF16 autocast"
-    return "FP32, TF32 matmuls" if config.get("tf32_matmul") else "FP32"
-
-
-def both(c: dict, read) -> str:
-    """One value where bad and fixed agree, else "bad → fixed"."""
-    bad, fixed = (str(read(c[v]["summary"])) for v in VARIANTS)
-    return bad if bad == fixed else f"{bad} → {fixed}"
-
-
 def shown(path: Path) -> str:
     """`path` relative to the repository root, where it lies inside it."""
     path = path.resolve()
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-
-
-def verdicts(c: dict, variant: str) -> str:
-    return ", ".join(f["id"] for f in c[variant]["analysis"]["findings"]) or "none"
 
 
 # A row of the top README's table: | [`demo`](demos/demo/) | symptom | fix | GPU | CPU |. The
@@ -126,7 +109,7 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
 def demo_block(folder: Path, c: dict) -> str:
     rows = {row[0]: row[1:3] for row in compare.table_rows(c)}
     rows["batch"] = [str(c[v]["summary"].get("batch_size")) for v in VARIANTS]
-    rows["precision"] = [precision(c[v]["summary"]) for v in VARIANTS]
+    rows["precision"] = [compare.precision(c[v]["summary"]) for v in VARIANTS]
     report = f"../../{shown(folder)}/REPORT.md"
     return "\n".join([f"{compare.conditions(c)} (every number: [REPORT.md]({report})).", "",
                       "| | bad | fixed |", "|---|---:|---:|"]

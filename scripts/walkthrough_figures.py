@@ -200,12 +200,6 @@ def step_ms(result: dict) -> float:
     return result["step_ms"]["mean"]
 
 
-def precision(summary: dict) -> str:
-    config = summary.get("config") or {}
-    dtype = config.get("autocast_dtype")
-    return f"{dtype.upper().replace('FLOAT', 'F')} autocast" if dtype else "FP32"
-
-
 def headline_dataloader_workers(variant: str, result: dict, summary: dict) -> str:
     workers = (summary.get("config") or {}).get("num_workers")
     idle = result["gpu"]["idle_by_cause_pct"]["dataloader"]
@@ -225,7 +219,8 @@ def headline_small_batch(variant: str, result: dict, summary: dict) -> str:
 
 
 def headline_mixed_precision(variant: str, result: dict, summary: dict) -> str:
-    return (f"{variant} ({precision(summary)}): {step_ms(result):,.0f} ms per step on the GPU, "
+    return (f"{variant} ({compare.precision(summary)}): {step_ms(result):,.0f} ms per step on "
+            f"the GPU, "
             f"{pct(result['gpu']['tensor_core_pct'])} of kernel time on tensor cores")
 
 

@@ -72,7 +72,9 @@ def test_compare_reads_the_two_own_runs(own_runs, capsys):
     assert compare.main([str(runs / "before"), str(runs / "after")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("before vs after: cpu (")  # the summaries' conditions
-    assert re.search(r"^  samples/s +[0-9.]+ +[0-9.]+ +[0-9.]+x (higher|lower)", out, re.MULTILINE)
+    # The change in words, whichever way it went ("the same" where it rounds to 1.00x).
+    assert re.search(r"^  samples/s +[0-9.]+ +[0-9.]+ +([0-9.]+x (higher|lower)|the same)", out,
+                     re.MULTILINE)
     assert re.search(r"^  after vs before: [0-9.]+x (more samples/s|the samples/s)", out,
                      re.MULTILINE)
     # The fused optimizer is one operator a step where there was none, in the operator tables

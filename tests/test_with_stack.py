@@ -31,8 +31,8 @@ def test_with_stack_records_the_script_s_own_frames(tmp_path, demo):
     detail = analyze.analyze(tmp_path / demo / "bad")
     python = detail.result["python"]
     assert python is not None and python["hot_frames"], "no Python frames in the trace"
-    times, user_of, _, _ = frames.frame_times(detail.columns, detail.host_window,
-                                              detail.steps.size)
+    table = frames.frame_times(detail.columns, detail.host_window, detail.steps.size)
+    times, user_of = table.times, table.user
     # The project's own code (the script's step, or the harness's and models' that it calls)
     # is there and is the user's; torch's frames are not.
     files = {label: label.split(":")[0] for label in times if ":" in label}
