@@ -188,3 +188,26 @@ def test_the_verdict_is_silent_on_real_traces_without_the_problem(path):
     if path.name == "a100_80gb_rank0_5steps.json.gz":
         assert result["gpu"]["round_trips_per_step"] == 3.0
         assert result["gpu"]["sync_idle_pct"] < verdicts.HOST_SYNC_IDLE_MIN_PCT
+
+
+def test_python_frames_of_real_serving_traces():
+    """Three real inference traces recorded with stacks by others: Hugging Face's Qwen on an H100
+    and an MI300X, and vLLM's piecewise graphs. The libraries' frames (transformers, triton,
+    torch) are not the user's; the benchmark's own line holds the step's syncs, and vLLM's
+    copy_to_gpu its four host-to-device copies a step."""
+    names = ("h100_qwen05b_hf_inference_1step", "mi300x_qwen05b_hf_inference_1step",
+             "mi300x_vllm_prefill_decode_piecewise_graphs")
+    paths = [SHARED_TRACES / f"{name}.json.gz" for name in names]
+    if not all(path.is_file() for path in paths):
+        pytest.skip(f"the shared real traces are not beside the project ({SHARED_TRACES})")
+    h100, mi300x, vllm = (analyze.analyze_trace(path)["python"] for path in paths)
+    runner = "moca/library/model_hub/huggingface/model/adapters/text_base_model.py:28 run_on_input"
+    for python in (h100, mi300x):
+        assert python["syncs_by_user_frame_per_step"] == {runner: 1.0}
+        library = [f for f in python["hot_frames"]
+                   if f["frame"].startswith(("transformers/", "torch/"))]
+        assert library and not any(f["user"] for f in library)
+    assert h100["copies_by_user_frame_per_step"] == {runner: 1.0}
+    assert vllm["copies_by_user_frame_per_step"] == {"vllm/v1/utils.py:130 copy_to_gpu": 4.0}
+    assert vllm["hot_frames"][0]["frame"] == "triton/runtime/jit.py:574 run"
+    assert vllm["hot_frames"][0]["user"] is False
