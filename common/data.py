@@ -314,3 +314,36 @@ def padded_batches(run, texts: Texts, order: np.ndarray
                         texts.labels[chosen].to(run.device)))
         counts.append((int(sum(len(r) for r in rows)), int(tokens.numel())))
     return batches, counts
+
+
+# Prompts for generation (llm_decode): the same in both variants, from the run's seed.
+PROMPT_COUNT = 8  # distinct prompts, taken in turn by the requests
+
+
+def prompts(run) -> list[torch.Tensor]:
+    """PROMPT_COUNT prompts of sizes["prompt_tokens"] random token ids each, [1, prompt_tokens] on
+    the device, from run.seed."""
+    generator = torch.Generator().manual_seed(run.seed)
+    return [torch.randint(0, run.sizes["vocab"], (1, run.sizes["prompt_tokens"]),
+                          generator=generator).to(run.device) for _ in range(PROMPT_COUNT)]
+
+
+# Text requests (tokenizer_bound): English-like texts made here (common/bpe.py), and a BPE
+# vocabulary trained on other texts of the same kind, so some request words are new to it.
+VOCABULARY_TRAINING_TEXTS = 2000  # ~0.3 s of training on the project's 2-core box
+
+
+def request_texts(run) -> list[str]:
+    """One text per request the run serves (run.total_steps batches), sizes["words"] long at most
+    and half that at least, from run.seed."""
+    from common import bpe  # tokenizers: needed by this demo only
+    words = run.sizes["words"]
+    return bpe.corpus(run.batch_size * run.total_steps, seed=run.seed,
+                      words_per_text=(words // 2, words))
+
+
+def bpe_vocabulary(run):
+    """A BPE vocabulary of sizes["vocab"] tokens and its merges, trained in-process on
+    VOCABULARY_TRAINING_TEXTS texts from another seed than the requests'."""
+    from common import bpe
+    return bpe.train(bpe.corpus(VOCABULARY_TRAINING_TEXTS, seed=run.seed + 1), run.sizes["vocab"])

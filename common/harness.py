@@ -46,6 +46,7 @@ DEFAULT_OUT = REPO_ROOT / "traces"
 PROFILE_WAIT_STEPS = 1
 PROFILE_WARMUP_STEPS = 1
 PROFILE_ACTIVE_STEPS = 3
+PAD_TOKEN_ID = 0  # serve_texts pads with token id 0 (the tokenizers' [PAD], data.PAD_TOKEN)
 PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines in a long phase
 KEY_AVERAGES_ROWS = 25  # rows of the operator table in key_averages.txt
@@ -108,6 +109,21 @@ def flops_achieved(run: Run, step_ms_p50: float) -> dict:
 
 
 @dataclass
+class Requests:
+    """What an inference step records per request: its latency on the host clock (from its start
+    to its result on the host), and for generation its first token's time and each later token's.
+    The lists grow through every phase; measure_steps reads the timed phase's part."""
+    latency_ms: list[float] = field(default_factory=list)
+    first_token_ms: list[float] = field(default_factory=list)
+    per_token_ms: list[float] = field(default_factory=list)
+    tokens: int = 0  # tokens generated
+
+    def mark(self) -> tuple[int, int, int, int]:
+        return (len(self.latency_ms), len(self.first_token_ms), len(self.per_token_ms),
+                self.tokens)
+
+
+@dataclass
 class Run:
     demo: str
     variant: str
@@ -141,6 +157,8 @@ class Run:
     # per Python call); --cprofile runs the timed phase under cProfile and writes its .prof.
     with_stack: bool = False
     cprofile: bool = False
+    # An inference demo's clocks per request (generate, serve_texts); None for training.
+    requests: Requests | None = None
 
     @property
     def batch_size(self) -> int:
@@ -452,6 +470,142 @@ def counting_tokens(run: Run, batches: Iterator, counts: Iterator[tuple[int, int
         yield batch
 
 
+# --- Inference: the unit is a request. --------------------------------------------------------
+
+def decode_tokens(model: torch.nn.Module, next_token: Callable, prompt: torch.Tensor,
+                  new_tokens: int, on_token: Callable[[], None] = lambda: None
+                  ) -> list[torch.Tensor]:
+    """Greedy generation at batch 1: the prompt [1, p] in one pass (model.next_token, eager),
+    then new_tokens - 1 steps of `next_token` (token [1, 1], position [1]) -> token [1, 1], the
+    KV cache in the model. `on_token` runs after each token is enqueued. Nothing here reads a
+    value on the host: the tokens stay on the device."""
+    model.reset_cache()
+    length = prompt.size(1)
+    with record_function("prefill"):
+        token = model.next_token(prompt, torch.arange(length, device=prompt.device))
+    on_token()
+    tokens = [token]
+    position = torch.full((1,), length, device=prompt.device)
+    with record_function("decode"):
+        for _ in range(new_tokens - 1):
+            if prompt.is_cuda:  # each call is a new step of the CUDA graph trees, not a re-entry
+                torch.compiler.cudagraph_mark_step_begin()
+            # clone: a CUDA graph's output lives in memory its next replay overwrites
+            token = next_token(token, position).clone()
+            tokens.append(token)
+            position = position + 1
+            on_token()
+    return tokens
+
+
+def token_clock(run: Run, marks: int) -> tuple[Callable[[], None], Callable[[], list[float]]]:
+    """(mark, read): mark() notes the time of the next of `marks` instants, read() returns each
+    mark's ms since the first and starts over. On a GPU the marks are CUDA events, which the
+    device timestamps when it reaches them, so they cost no sync; read() waits for them."""
+    taken = []
+    if run.is_cuda:
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)]
+
+        def mark() -> None:
+            events[len(taken)].record()
+            taken.append(events[len(taken)])
+
+        def read() -> list[float]:
+            taken[-1].synchronize()
+            times = [taken[0].elapsed_time(event) for event in taken]
+            taken.clear()
+            return times
+    else:
+        def mark() -> None:
+            taken.append(time.perf_counter())
+
+        def read() -> list[float]:
+            times = [(t - taken[0]) * 1000.0 for t in taken]
+            taken.clear()
+            return times
+    return mark, read
+
+
+def require_cuda_graphs(run: Run) -> None:
+    """torch.compile(mode="reduce-overhead") falls back to running without CUDA graphs when it
+    cannot record one (an input it mutates, a CPU tensor, a sync), with a line in its log at
+    most: the run would then measure the fix without its graphs. Stop instead."""
+    from torch._dynamo.utils import counters
+    skips = counters["inductor"]["cudagraph_skips"]
+    if skips:
+        clear_run_dir(run.out_dir)
+        fail(f"{run.demo}/{run.variant}: torch.compile(mode='reduce-overhead') skipped CUDA graphs "
+             f"{skips} time(s), so the step runs without them; rerun with "
+             f"TORCH_LOGS=perf_hints to see why; nothing was written")
+
+
+def generate(run: Run, model: torch.nn.Module, next_token: Callable,
+             prompts: Sequence[torch.Tensor]) -> dict:
+    """Serve generation requests at batch 1, one a step, the prompts taken in turn: each request
+    generates run.sizes["new_tokens"] tokens (decode_tokens) and ends when they are on the host.
+    Its latency is on the host clock; its first token's time and each later token's on the
+    device's (token_clock). Under torch.inference_mode(). Returns the summary."""
+    new_tokens = run.sizes["new_tokens"]
+    run.requests = Requests()
+    turns = itertools.cycle(prompts)
+    mark, read = token_clock(run, new_tokens + 1)
+    run.config.update(inference_mode=True, batch="1 request", prompt_tokens=prompts[0].size(1),
+                      new_tokens=new_tokens, decoding="greedy")
+
+    def step() -> None:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            mark()
+            tokens = decode_tokens(model, next_token, next(turns), new_tokens, on_token=mark)
+            torch.cat(tokens, dim=1).tolist()  # the request ends when its tokens are on the host
+        run.requests.latency_ms.append((time.perf_counter() - started) * 1000.0)
+        times = read()
+        run.requests.first_token_ms.append(times[1])
+        run.requests.per_token_ms.extend(later - earlier
+                                         for earlier, later in zip(times[1:], times[2:]))
+        run.requests.tokens += new_tokens
+
+    if run.is_cuda and run.config.get("torch_compile") == "reduce-overhead":
+        def checked_step() -> None:
+            step()
+            require_cuda_graphs(run)  # after the warm-up's first request: graphs are recorded
+        return measure(run, checked_step)
+    return measure(run, step)
+
+
+def serve_texts(run: Run, model: torch.nn.Module, texts: Sequence[str],
+                tokenize: Callable[[list[str]], list[list[int]]]) -> dict:
+    """Classify text requests, run.batch_size a step, the texts taken in turn: tokenize the batch
+    (`tokenize`, in a record_function("tokenize") region), pad it to its longest (at most
+    run.sizes["max_len"] tokens), copy it to the device, classify, and read the labels back to
+    the host, which ends the batch's requests. All of a batch arrive at the step's start, so each
+    request's latency is its step's, on the host clock. Under torch.inference_mode()."""
+    run.requests = Requests()
+    max_len = run.sizes["max_len"]
+    batches = forever([list(texts[i:i + run.batch_size])
+                       for i in range(0, len(texts) - run.batch_size + 1, run.batch_size)])
+    run.config.update(inference_mode=True, batch=f"{run.batch_size} requests",
+                      max_tokens=max_len)
+
+    def step() -> None:
+        started = time.perf_counter()
+        requests = next(batches)
+        with record_function("tokenize"):
+            ids = tokenize(requests)
+        with torch.inference_mode():
+            with record_function("forward"):
+                rows = [torch.tensor(row[:max_len]) for row in ids]
+                tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True,
+                                                         padding_value=PAD_TOKEN_ID)
+                batch = (tokens.to(run.device), (tokens == PAD_TOKEN_ID).to(run.device))
+                labels = model(batch).argmax(dim=-1)
+            labels.tolist()  # the requests end when their answers are on the host
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        run.requests.latency_ms.extend([latency_ms] * len(requests))
+
+    return measure(run, step)
+
+
 def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
                   after_step: Callable[[], None] = lambda: None) -> tuple[float, np.ndarray]:
     """Run `count` steps, timing each from its start to its end: CUDA events on a GPU (its clock,
@@ -647,6 +801,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     log(run, f"timed: {run.steps} steps without the profiler")
     data_wait_before_s = run.data_wait_s
     tokens_before = (run.real_tokens, run.padded_tokens)
+    requests_before = run.requests.mark() if run.requests else None
     profiler = cProfile.Profile() if run.cprofile else None
     if profiler:  # not in the profiled phase: cProfile and the profiler's Python tracer conflict
         profiler.enable()
@@ -660,6 +815,8 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         tokens_per_s, padding_pct = real / wall_s, 100.0 * (1 - real / padded)
     data_wait_pct = (None if run.data_wait_s is None
                      else 100.0 * (run.data_wait_s - data_wait_before_s) / wall_s)
+    inference = (inference_numbers(run.requests, requests_before, wall_s)
+                 if run.requests else {"unit": "sample"})
     log(run, f"profiling: {PROFILED_STEPS} steps ({PROFILE_ACTIVE_STEPS} recorded)")
     trace_path, profiled_ms = profiled_steps(run, step)
     if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed
@@ -702,6 +859,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,
         "extra": run.extra, "notes": run.notes,
+        **inference,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     summary_name = trace.SUMMARY_FILE.replace(".json", f"{rank_suffix(run)}.json")
@@ -710,8 +868,46 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     if overhead_ratio > trace.PROFILER_OVERHEAD_WARN_RATIO:  # compare and the report say it too
         log(run, f"warning: the recorded steps ran {overhead_ratio:.2f}x the timed p50 (the "
                  f"profiler's own cost per operator): the trace exaggerates CPU time; for speed, "
-                 f"trust {'real tokens/s' if run.real_tokens is not None else 'samples/s'}")
+                 f"trust {speed_words(summary)}")
     return summary
+
+
+def speed_words(summary: dict) -> str:
+    """What a run's speed is read from: generated tokens/s, requests/s, real tokens/s or samples/s."""
+    if summary["unit"] == "request":
+        return ("generated tokens/s" if summary["rated_by"]["throughput"] == "tokens_per_s"
+                else "requests/s")
+    return "real tokens/s" if summary["tokens_per_s"] is not None else "samples/s"
+
+
+# Latency percentiles of an inference run: the median request and the tail (p95, p99, and the
+# slowest), as serving benchmarks report them (MLPerf Inference's server scenario bounds p99).
+LATENCY_PERCENTILES = (50, 95, 99)
+TOKEN_PERCENTILES = (50, 99)  # time to first token and per token: the median and the tail
+
+
+def percentiles(values: Sequence[float], which: Sequence[int]) -> dict[str, float]:
+    array = np.asarray(values, dtype=float)
+    return {**{f"p{q}": float(np.percentile(array, q)) for q in which}, "max": float(array.max())}
+
+
+def inference_numbers(requests: Requests, before: tuple[int, int, int, int],
+                      wall_s: float) -> dict:
+    """The timed phase's requests: requests/s and latency percentiles; for generation also
+    generated tokens/s, time to first token and time per later token. `rated_by` names what the
+    pair is judged by: tokens/s and per-token time for generation, requests/s and latency else."""
+    latency = requests.latency_ms[before[0]:]
+    result = {"unit": "request", "requests_per_s": len(latency) / wall_s,
+              "latency_ms": percentiles(latency, LATENCY_PERCENTILES),
+              "rated_by": {"throughput": "requests_per_s", "latency": "latency_ms"}}
+    first = requests.first_token_ms[before[1]:]
+    if first:
+        result.update(tokens_per_s=(requests.tokens - before[3]) / wall_s,
+                      time_to_first_token_ms=percentiles(first, TOKEN_PERCENTILES),
+                      per_token_ms=percentiles(requests.per_token_ms[before[2]:],
+                                               TOKEN_PERCENTILES),
+                      rated_by={"throughput": "tokens_per_s", "latency": "per_token_ms"})
+    return result
 
 
 # A name or variant becomes a folder under `out`: letters, digits, "_", "-" and "." only, so
@@ -762,7 +958,8 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
 def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
     peak = summary["peak_memory_mb"]
     wait = summary["data_wait_pct"]
-    log(run, f"{summary['samples_per_s']:.1f} samples/s | step p50 {summary['step_ms_p50']:.1f} ms, "
+    unit = "requests" if summary["unit"] == "request" else "samples"
+    log(run, f"{summary['samples_per_s']:.1f} {unit}/s | step p50 {summary['step_ms_p50']:.1f} ms, "
              f"p95 {summary['step_ms_p95']:.1f} ms | peak memory "
              f"{'n/a' if peak is None else f'{peak:.0f} MB'}"
              f"{'' if wait is None else f' | waiting for data {wait:.1f} % of the time'}")
@@ -771,7 +968,15 @@ def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
         log(run, f"{summary['achieved_tflops']:.4g} TFLOPS of model math at the step p50"
                  + ("" if peak is None else f", {summary['bf16_peak_pct']:.1f} % of the GPU's "
                                             f"dense BF16 peak ({peak:.0f} TFLOPS)"))
-    if summary["tokens_per_s"] is not None:
+    if summary["unit"] == "request":
+        log(run, f"request latency (host clock) p50 "
+                 f"{summary['latency_ms']['p50']:.1f} ms, p99 {summary['latency_ms']['p99']:.1f} ms")
+        if "per_token_ms" in summary:
+            log(run, f"{summary['tokens_per_s']:.0f} generated tokens/s | per token p50 "
+                     f"{summary['per_token_ms']['p50']:.2f} ms, p99 "
+                     f"{summary['per_token_ms']['p99']:.2f} ms | first token p50 "
+                     f"{summary['time_to_first_token_ms']['p50']:.1f} ms")
+    elif summary["tokens_per_s"] is not None:
         log(run, f"{summary['tokens_per_s']:.0f} real tokens/s | padding "
                  f"{summary['padding_pct']:.1f} % of the tokens computed")
     log(run, f"config: {json.dumps(summary['config'])}")

@@ -263,3 +263,126 @@ def text_classifier(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = TextClassifier(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
                            sizes["max_len"], sizes["num_classes"]).to(run.device)
     return model, torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)
+
+
+# --- A GPT-style decoder for token-by-token generation at batch 1 (llm_decode). ----------------
+
+class GrowingKVCache(torch.nn.Module):
+    """The keys and values of the tokens so far, grown by torch.cat every token: each token's
+    tensors have a new shape, so every step allocates and copies the whole cache again."""
+
+    def __init__(self, heads: int, head_dim: int, max_len: int):
+        super().__init__()
+        self.keys = self.values = None
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Append this step's [1, heads, t, head_dim] keys and values; returns the cache's and no
+        mask (every cached position is visible)."""
+        if self.keys is not None:
+            keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
+        self.keys, self.values = keys, values
+        return keys, values, None
+
+
+class StaticKVCache(torch.nn.Module):
+    """Keys and values of max_len positions, allocated once: a token writes its slot in place
+    (index_copy_ with a position tensor, no host value read) and attends through a mask, so every
+    step has the same shapes and the same addresses, which a CUDA graph needs."""
+
+    def __init__(self, heads: int, head_dim: int, max_len: int):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(1, heads, max_len, head_dim), persistent=False)
+        self.register_buffer("values", torch.zeros(1, heads, max_len, head_dim), persistent=False)
+        # Row p: the positions a token at position p may see (0..p).
+        self.register_buffer("visible", torch.ones(max_len, max_len, dtype=torch.bool).tril(),
+                             persistent=False)
+
+    def reset(self) -> None:
+        pass  # a new request overwrites its slots; the mask hides the rest
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # index_copy_ along the sequence: cache[:, :, pos] = k with a 0-d position tensor would
+        # read the position on the host (aten._local_scalar_dense), a sync that breaks the graph.
+        self.keys.index_copy_(2, positions, keys)
+        self.values.index_copy_(2, positions, values)
+        return self.keys, self.values, self.visible[positions]
+
+
+class DecoderBlock(torch.nn.Module):
+    """Pre-norm causal self-attention over the KV cache, then a 4x GELU MLP."""
+
+    def __init__(self, d_model: int, heads: int, max_len: int, cache: type[torch.nn.Module]):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d_model), torch.nn.LayerNorm(d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.out = torch.nn.Linear(d_model, d_model)
+        self.up, self.down = torch.nn.Linear(d_model, 4 * d_model), torch.nn.Linear(4 * d_model,
+                                                                                    d_model)
+        self.cache = cache(heads, d_model // heads, max_len)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        batch, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, t, 3, self.heads, d // self.heads
+                                               ).permute(2, 0, 3, 1, 4)
+        k, v, mask = self.cache.update(k, v, positions)
+        # Without a mask (the growing cache) a prompt of t > 1 tokens needs the causal one.
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and t > 1)
+        x = x + self.out(attended.transpose(1, 2).reshape(batch, t, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class Decoder(torch.nn.Module):
+    """Token ids -> embedding + learned positions -> DecoderBlocks, each with its KV cache of the
+    given kind -> a linear head over the vocabulary."""
+
+    def __init__(self, vocab: int, d_model: int, heads: int, blocks: int, max_len: int,
+                 cache: type[torch.nn.Module]):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d_model)
+        self.position = torch.nn.Embedding(max_len, d_model)
+        self.blocks = torch.nn.ModuleList(DecoderBlock(d_model, heads, max_len, cache)
+                                          for _ in range(blocks))
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.head = torch.nn.Linear(d_model, vocab, bias=False)
+
+    def reset_cache(self) -> None:
+        for block in self.blocks:
+            block.cache.reset()
+
+    def next_token(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens [1, t] at positions [t] (cached as they pass) -> the greedy next token [1, 1]:
+        the argmax stays on the device, so nothing here waits for the GPU."""
+        x = self.embed(tokens) + self.position(positions)
+        for block in self.blocks:
+            x = block(x, positions)
+        return self.head(self.norm(x[:, -1:])).argmax(dim=-1)
+
+
+def decoder(run, cache: type[torch.nn.Module]) -> Decoder:
+    """Decoder sized by run.sizes (vocab, d_model, heads, blocks, prompt_tokens + new_tokens
+    positions) with this KV cache, in eval mode; BF16 on a GPU (as LLMs are served), FP32 on a
+    CPU (most CPUs have no BF16 units)."""
+    sizes = run.sizes
+    model = Decoder(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
+                    sizes["prompt_tokens"] + sizes["new_tokens"], cache)
+    dtype = torch.bfloat16 if run.is_cuda else torch.float32
+    run.config["dtype"] = str(dtype).removeprefix("torch.")
+    return model.to(run.device, dtype).eval()
+
+
+def serving_classifier(run) -> TextClassifier:
+    """TextClassifier sized by run.sizes (vocab, d_model, heads, blocks, max_len, num_classes) for
+    inference: eval mode, BF16 on a GPU (as models are served), FP32 on a CPU."""
+    sizes = run.sizes
+    model = TextClassifier(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
+                           sizes["max_len"], sizes["num_classes"])
+    dtype = torch.bfloat16 if run.is_cuda else torch.float32
+    run.config["dtype"] = str(dtype).removeprefix("torch.")
+    return model.to(run.device, dtype).eval()

@@ -201,6 +201,50 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "smoke": Preset(batch_size=64, steps=3, warmup_steps=1,
                         sizes=dict(width=16, blocks=1, num_classes=2)),
     },
+    # Inference: a step is one request (batch_size 1: one generation at a time); steps count
+    # timed requests, warmup_steps the requests before them.
+    "llm_decode": {
+        # GPT-2 small's shape (12 blocks of 768, 12 heads) in BF16 at batch 1: a token's math is
+        # ~0.2 GFLOP, microseconds of H100 time, behind ~300 eager kernels a token that the host
+        # needs several microseconds each to launch, so eager decoding is host bound, the regime
+        # gpt-fast measured (Llama-2-7B, A100: 25.5 -> 107 tokens/s with a static cache and
+        # reduce-overhead). 3 warm-up requests: compiling, then recording the CUDA graph.
+        "cuda": Preset(batch_size=1, steps=20, warmup_steps=3,
+                       sizes=dict(vocab=32000, d_model=768, heads=12, blocks=8,
+                                  prompt_tokens=128, new_tokens=256)),
+        # Small enough that the host's cost per operator dominates, as a GPU's launches do at
+        # batch 1: 8 blocks of 64 on one core. A trial on the project's 2-core box (8 blocks,
+        # d_model 64 vs 96 vs 128 with 4 and 12 blocks) gave 1.57x, 1.49x and 1.24x more tokens/s
+        # compiled with a static cache than eager with torch.cat.
+        "cpu": Preset(batch_size=1, steps=30, warmup_steps=2,
+                      sizes=dict(vocab=1024, d_model=64, heads=4, blocks=8,
+                                 prompt_tokens=32, new_tokens=128)),
+        "smoke": Preset(batch_size=1, steps=3, warmup_steps=1,
+                        sizes=dict(vocab=256, d_model=32, heads=2, blocks=2,
+                                   prompt_tokens=8, new_tokens=8)),
+    },
+    # A step is one batch of requests; steps count timed batches. Texts of words/2 to `words`
+    # words (long reviews, support tickets), cut to max_len tokens for the model after
+    # tokenizing all of them, as truncating pipelines do.
+    "tokenizer_bound": {
+        # A BERT-large-wide encoder (12 blocks of 1024) in BF16 over 256 x 512 tokens: ~40 TFLOP
+        # a batch, ~100 ms of H100, long enough to hide the Rust tokenizer's threads (~10 ms for
+        # 256 texts on 16 cores) and short beside one Python thread's ~0.8 s for the same texts.
+        "cuda": Preset(batch_size=256, steps=20, warmup_steps=3,
+                       sizes=dict(vocab=8000, d_model=1024, heads=16, blocks=12, max_len=512,
+                                  num_classes=2, words=800)),
+        # Two small blocks over the first 128 tokens. On a CPU the model runs on the cores the
+        # tokenizer uses; on the project's 2-core box a batch of 32 texts (~850 tokens each)
+        # took the Python tokenizer ~117 ms, the Rust one (encode_batch_fast, 2 threads) ~7 ms
+        # and this model ~38 ms: the fixed run's tokenizing is then a small part of its step, as
+        # it is beside a GPU's model.
+        "cpu": Preset(batch_size=32, steps=15, warmup_steps=2,
+                      sizes=dict(vocab=4000, d_model=64, heads=4, blocks=2, max_len=128,
+                                 num_classes=2, words=800)),
+        "smoke": Preset(batch_size=4, steps=3, warmup_steps=1,
+                        sizes=dict(vocab=300, d_model=16, heads=2, blocks=1, max_len=32,
+                                   num_classes=2, words=40)),
+    },
 }
 
 
