@@ -33,6 +33,8 @@ from common.metrics import (
     distributed_metrics,
     extend_steps,
     gpu_metrics,
+    host_region_metrics,
+    host_regions,
     host_steps,
     initialization,
     initialization_warning,
@@ -55,10 +57,32 @@ CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 C
 # calls, its deviceProperties name says so ("AMD Instinct MI250X", "AMD Radeon Graphics"; Kineto on
 # ROCm writes warpSize 64 there, NVIDIA's is 32).
 AMD_DEVICE_MARKERS = ("AMD", "Radeon", "Instinct")
-# How the human output and the report name each idle cause (metrics.IDLE_CAUSES).
+# How the human output and the report name each idle cause (metrics.IDLE_CAUSES); a host region
+# is named by its own name (idle_cause_label).
 IDLE_CAUSE_LABELS = {"dataloader": "DataLoader", "host_sync": "host syncs",
                      "before_first_op": "before the first GPU op", "launch": "launches",
                      "other": "other"}
+# The human output lists at most this many host regions (the largest by share of the window; the
+# JSON has them all): the traces from elsewhere hold dozens of small "## ... ##" ranges.
+HOST_REGIONS_SHOWN = 3
+
+
+def idle_cause_label(cause: str) -> str:
+    """"host syncs" for a fixed cause, "region tokenize" for a host region's."""
+    return IDLE_CAUSE_LABELS.get(cause, f"region {cause}")
+
+
+def idle_causes(*splits: dict[str, float]) -> list[str]:
+    """The causes of one or more idle splits (gpu.idle_by_cause_pct) in the order of
+    precedence: the DataLoader, the host regions (largest first, across the splits), then the
+    other fixed causes."""
+    largest: dict[str, float] = {}
+    for idle in splits:
+        for cause, pct in idle.items():
+            if cause not in IDLE_CAUSES:
+                largest[cause] = max(largest.get(cause, 0.0), pct)
+    regions = sorted(largest, key=lambda cause: -largest[cause])
+    return [IDLE_CAUSES[0], *regions, *IDLE_CAUSES[1:]]
 
 
 def device_kind(columns, has_gpu: bool, gpu_props: dict) -> str:
@@ -122,6 +146,7 @@ def analyze(path: Path) -> Analysis:
     # Python frames that issued them.
     syncs = host_syncs(columns, host, runtime_step)
     copied = copy_calls(columns, runtime_step)
+    regions = host_regions(columns)  # record_function ranges that are host work
     metrics = {
         "trace": str(trace_path),
         "device": device_kind(columns, has_gpu, gpu_props),
@@ -132,7 +157,7 @@ def analyze(path: Path) -> Analysis:
         "dataloader_pct": (100.0 * union_in(columns.dataloader, *window) / span
                            if span > 0 else 0.0),
         "gpu": (gpu_metrics(columns, window, n_steps, runtime_step, host, syncs=syncs,
-                            copied=copied) if has_gpu else None),
+                            copied=copied, regions=regions) if has_gpu else None),
         "peak_memory_mb": float(memory_mb.max()) if memory_mb.size else None,
         # Beyond the issue's list: the GPU's memory (for the activation-memory verdict), the
         # window and the plugin-style breakdown of an average step.
@@ -148,6 +173,11 @@ def analyze(path: Path) -> Analysis:
         # torch.distributed: null for a trace of one process.
         "distributed": distributed_metrics(columns, window, n_steps, host_window=host_window),
     }
+    # The host regions (user's record_function ranges that are host work): their share of the
+    # window and, on a GPU, of its idle time; on a CPU-only trace too.
+    metrics["host_regions"] = host_region_metrics(
+        regions, window, n_steps,
+        metrics["gpu"]["idle_by_cause_pct"] if metrics["gpu"] else None)
     # A backward pass in the trace: training (else inference: no training-only advice).
     metrics["training"] = columns.has_backward
     # What the host does while the GPU waits for it: its operators by self time, for the
@@ -299,9 +329,12 @@ def format_human(result: dict) -> str:
                   f"{gpu['tensor_core_pct']:.0f} % of "
                   f"kernel time and {fmt(gpu['tensor_core_gemm_pct'], '.0f', ' %')} of GEMM time "
                   f"(GEMMs {gpu['gemm_pct']:.0f} % of kernel time)",
-                  f"host         {gpu['launches_per_step']:.0f} launches/step "
-                  f"({gpu['launch_ms_per_step']:.2f} ms vs {gpu['kernel_ms_per_step']:.2f} ms of "
-                  f"kernels), {gpu['syncs_per_step']:.1f} syncs/step"
+                  f"host         {gpu['launches_per_step']:.0f} launches/step"
+                  + (f", {gpu['graph_launches_per_step']:.0f} of them CUDA graph launches "
+                     f"replaying {gpu['graph_kernels_per_step']:.0f} kernels/step"
+                     if gpu["graph_launches_per_step"] else "")
+                  + f" ({gpu['launch_ms_per_step']:.2f} ms vs {gpu['kernel_ms_per_step']:.2f} ms "
+                    f"of kernels), {gpu['syncs_per_step']:.1f} syncs/step"
                   + (" ({value_read:.1f} value reads, {h2d_copy:.1f} in host-to-device copies, "
                      "{other:.1f} other)".format(**gpu["syncs_by_cause_per_step"])
                      if gpu["syncs_per_step"] else "")]
@@ -315,11 +348,14 @@ def format_human(result: dict) -> str:
         idle = gpu["idle_by_cause_pct"]
         # One idle figure: the steps' (the window's), which the causes split. HTA's, over the
         # first to the last GPU op of the whole trace, is another span: labelled as such.
+        # Host regions under 0.05 % read 0.0: left out of the line (the JSON has them).
         lines.append(f"GPU idle     {sum(idle.values()):.1f} % of the steps: "
-                     + ", ".join(f"{IDLE_CAUSE_LABELS[cause]} {idle[cause]:.1f}"
-                                 for cause in IDLE_CAUSES)
+                     + ", ".join(f"{idle_cause_label(cause)} {idle[cause]:.1f}"
+                                 for cause in idle_causes(idle)
+                                 if cause in IDLE_CAUSES or idle[cause] >= 0.05)
                      + f" (HTA's idle, from the first to the last GPU op of the trace: "
                        f"{gpu['idle_pct']:.1f} %)")
+    lines += host_region_lines(result["host_regions"])
     lines += python_lines(result["python"])
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
                       if ms >= 0.05)
@@ -334,6 +370,22 @@ def format_human(result: dict) -> str:
                      + (f" - see demos/{found['demo']}/" if found["demo"] else ""))
     return "\n".join(lines)
 
+
+
+def host_region_lines(regions: dict) -> list[str]:
+    """The largest host regions (HOST_REGIONS_SHOWN): share of the steps, ms per step and, on a
+    GPU trace, the GPU idle time they cause."""
+    if not regions:
+        return []
+    shown = list(regions.items())[:HOST_REGIONS_SHOWN]
+    more = len(regions) - len(shown)
+    return ["host regions " + ", ".join(
+                f"{name} {region['pct']:.1f} % of the steps ({region['ms_per_step']:.2f} ms/step"
+                + (f", GPU idle {region['gpu_idle_pct']:.1f} %"
+                   if region["gpu_idle_pct"] is not None else "") + ")"
+                for name, region in shown)
+            + (f"; {more} more in --json" if more else "")
+            + " (record_function ranges that enqueue no GPU work, mostly outside operators)"]
 
 
 def python_lines(python: dict | None) -> list[str]:

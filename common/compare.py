@@ -32,7 +32,11 @@ VARIANTS = ("bad", "fixed")  # a demo's two runs
 BEFORE_AFTER = ("before", "after")  # any two runs
 
 
-THROUGHPUT_LABELS = {"samples_per_s": "samples/s", "tokens_per_s": "real tokens/s"}
+THROUGHPUT_LABELS = {"samples_per_s": "samples/s", "tokens_per_s": "real tokens/s",
+                     "requests_per_s": "requests/s"}
+GENERATED_TOKENS_LABEL = "generated tokens/s"  # tokens_per_s of a generation run
+# An inference pair's latency, by the summary key its rated_by names: the p50 is the headline.
+LATENCY_LABELS = {"latency_ms": "p50 latency", "per_token_ms": "p50 per-token latency"}
 
 
 class CompareError(ValueError):
@@ -132,6 +136,10 @@ def headline(comparison: dict) -> str:
     if speedup is not None:
         parts.append(f"{speedup:.2f}x more {unit}" if speedup >= 1
                      else f"{speedup:.2f}x the {unit} (slower)")
+    latency = comparison.get("latency_ratio")
+    if latency:  # lower is better: "3.40x lower p50 latency", or "1.20x higher ... (worse)"
+        parts.append(f"{1 / latency:.2f}x lower {comparison['latency_of']}" if latency <= 1
+                     else f"{latency:.2f}x higher {comparison['latency_of']} (worse)")
     memory = comparison.get("peak_memory_ratio")
     if memory is not None:
         parts.append(f"{memory:.2f}x the peak memory")
@@ -226,13 +234,23 @@ def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
             del runs[label]["detail"]
     old, new = (runs[label]["summary"] for label in labels)
     # A pair whose batches vary in length (padding_waste) is judged by real tokens/s: its samples
-    # differ in size from step to step, and padding is work that trains nothing.
+    # differ in size from step to step, and padding is work that trains nothing. An inference
+    # pair by what it is for (its summaries' rated_by): generated tokens/s and the per-token
+    # time for generation, requests/s and latency for serving.
+    rated_by = old.get("rated_by") if old.get("rated_by") == new.get("rated_by") else None
     by_tokens = old.get("tokens_per_s") is not None and new.get("tokens_per_s") is not None
-    throughput = "tokens_per_s" if by_tokens else "samples_per_s"
+    throughput = (rated_by["throughput"] if rated_by
+                  else "tokens_per_s" if by_tokens else "samples_per_s")
+    latency = rated_by["latency"] if rated_by else None
     comparison = {
         "demo": title, "variants": labels, **runs,
         "speedup": ratio(new.get(throughput), old.get(throughput)),
-        "speedup_of": THROUGHPUT_LABELS[throughput],
+        "speedup_of": (GENERATED_TOKENS_LABEL if rated_by and throughput == "tokens_per_s"
+                       else THROUGHPUT_LABELS[throughput]),
+        # new ÷ old p50 latency (lower is better), for an inference pair; null for training
+        "latency_ratio": (ratio((new.get(latency) or {}).get("p50"),
+                                (old.get(latency) or {}).get("p50")) if latency else None),
+        "latency_of": LATENCY_LABELS.get(latency),
         "peak_memory_ratio": ratio(new.get("peak_memory_mb"), old.get("peak_memory_mb")),
         # Per variant, null where an older summary lacks them.
         "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in labels},
@@ -249,13 +267,18 @@ def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
 def step_parts_ms(analysis: dict) -> dict[str, float]:
     """The step's parts in ms per step: the breakdown (each instant once: kernel, memcpy,
     memset, runtime, DataLoader, CPU exec, other) and, on a GPU trace, its idle time by cause
-    (GPU idle: dataloader, ...), each idle share of the window as ms of the mean step."""
+    (GPU idle: dataloader, GPU idle: tokenize (a host region, by name), ...), each idle share of
+    the window as ms of the mean step; on a CPU-only trace, the host regions' time (host region:
+    tokenize), which lies across the breakdown's parts (mostly "other")."""
     parts = dict(analysis["step_breakdown_ms"])
     gpu = analysis["gpu"]
     if gpu:
         step_ms = analysis["window_ms"] / analysis["steps"]
         parts.update({f"GPU idle: {cause}": pct / 100.0 * step_ms
                       for cause, pct in gpu["idle_by_cause_pct"].items()})
+    else:
+        parts.update({f"host region: {name}": region["ms_per_step"]
+                      for name, region in (analysis.get("host_regions") or {}).items()})
     return parts
 
 
@@ -268,6 +291,8 @@ BOUND_WORDS = {
     "before_first_op": "the GPU waiting for its first op of the window",
     "launch": "the GPU waiting for the host to enqueue work (Python, dispatch, launch calls)",
     "other": "the GPU waiting with work queued (another stream, an event, another rank)"}
+# A host region's cause (metrics.host_regions), by its name.
+REGION_BOUND_WORDS = "the GPU waiting for host work in region {name}"
 # On a CPU-only trace, what each part of the step breakdown means.
 PART_WORDS = {
     "dataloader": "waiting for batches", "cpu_exec": "the CPU's operators",
@@ -280,15 +305,20 @@ def still_bounds(analysis: dict) -> str:
     cause's; on a CPU trace the largest part of the step breakdown; then the verdicts that fired
     (ids), which say what to do."""
     gpu = analysis["gpu"]
+    regions = analysis.get("host_regions") or {}
     if gpu:
         shares = {"busy": gpu["utilization_pct"], **gpu["idle_by_cause_pct"]}
         largest = max(shares, key=shares.get)
-        text = f"{BOUND_WORDS[largest]} ({shares[largest]:.0f} % of the steps)"
+        words = BOUND_WORDS.get(largest) or REGION_BOUND_WORDS.format(name=largest)
+        text = f"{words} ({shares[largest]:.0f} % of the steps)"
     else:
         parts = analysis["step_breakdown_ms"]
         largest = max(parts, key=parts.get)
         total_ms = sum(parts.values()) or 1.0
         text = f"{PART_WORDS[largest]} ({100.0 * parts[largest] / total_ms:.0f} % of the steps)"
+        if regions:  # the largest host region, which the parts above split (mostly "other")
+            name, region = next(iter(regions.items()))
+            text += f"; host region {name} holds {region['pct']:.0f} % of the steps"
     verdicts = ", ".join(found["id"] for found in analysis["findings"])
     return text + (f"; verdicts: {verdicts}" if verdicts else "; no verdict fired")
 
@@ -363,6 +393,10 @@ def frames_changed(details: list, labels: tuple[str, str]) -> list[dict] | None:
     return changed_rows(*times, labels) if any(times) else None
 
 
+def inference(run: dict) -> bool:
+    return run["summary"].get("unit") == "request"
+
+
 def gpu_value(name: str):
     return lambda run: (run["analysis"]["gpu"] or {}).get(name)
 
@@ -370,8 +404,21 @@ def gpu_value(name: str):
 # (label, how to read it from one variant, format, which way is better: +1 higher, -1 lower, 0
 # neither). Summary numbers first (the timed phase), then the trace's.
 ROWS = [
-    ("samples/s", lambda run: run["summary"].get("samples_per_s"), ".1f", 1),
-    ("real tokens/s", lambda run: run["summary"].get("tokens_per_s"), ".0f", 1),
+    ("samples/s", lambda run: None if inference(run) else run["summary"].get("samples_per_s"),
+     ".1f", 1),
+    ("real tokens/s", lambda run: None if inference(run) else run["summary"].get("tokens_per_s"),
+     ".0f", 1),
+    # An inference run's (summary unit "request"): throughput, latency on the host clock, and
+    # for generation the tokens' times on the device's clock.
+    ("requests/s", lambda run: run["summary"].get("requests_per_s"), ".2f", 1),
+    (GENERATED_TOKENS_LABEL, lambda run: run["summary"].get("tokens_per_s") if inference(run)
+     else None, ".0f", 1),
+    *((f"{label} ms", lambda run, key=key, q=q: (run["summary"].get(key) or {}).get(q), ".2f", -1)
+      for label, key, q in (("latency p50", "latency_ms", "p50"),
+                            ("latency p99", "latency_ms", "p99"),
+                            ("first token p50", "time_to_first_token_ms", "p50"),
+                            ("per token p50", "per_token_ms", "p50"),
+                            ("per token p99", "per_token_ms", "p99"))),
     ("padding %", lambda run: run["summary"].get("padding_pct"), ".1f", -1),
     ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f", -1),
     ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f", -1),
@@ -491,8 +538,14 @@ def step_parts_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
         a, b = old.get(part, 0.0), new.get(part, 0.0)
         if max(a, b) >= 0.05:
             rows.append((part, f"{a:.2f}", f"{b:.2f}", f"{b - a:+.2f} ms"))
-    order = [*BREAKDOWN_ROLES, *(f"GPU idle: {c}" for c in analyze.IDLE_CAUSES)]
-    return sorted(rows, key=lambda row: order.index(row[0]) if row[0] in order else len(order))
+    # The host regions' rows (GPU idle: <region>, host region: <region>) after the DataLoader's,
+    # in the order of precedence of the idle causes.
+    order = [*BREAKDOWN_ROLES, f"GPU idle: {analyze.IDLE_CAUSES[0]}", None,
+             *(f"GPU idle: {c}" for c in analyze.IDLE_CAUSES[1:])]
+
+    def place(row: tuple) -> tuple[int, str]:
+        return (order.index(row[0] if row[0] in order else None), row[0])
+    return sorted(rows, key=place)
 
 
 def format_text(comparison: dict) -> str:

@@ -2,6 +2,7 @@
 each step's time breakdown, and the GPU metrics the verdicts read."""
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass
 
@@ -31,9 +32,12 @@ from common.trace_columns import (
 #   dataloader   union of enumerate(DataLoader)#...__next__ spans in the window / window.
 #   syncs        host syncs in the steps, each the cause of the operator that issued it, and the
 #                GPU idle in the gaps they return in (common/syncs.py).
+#   host regions record_function ranges that are host work: while one is open no GPU work is
+#                enqueued, and for at least half its time no operator runs (host_regions).
 #   idle causes  each idle instant of the GPU in the window goes to the first that holds of:
-#                DataLoader (a __next__ span is open), host sync (a sync returns in its gap),
-#                launch (the gap's next GPU op was enqueued after the gap began), other.
+#                DataLoader (a __next__ span is open), a host region (by name, the innermost),
+#                host sync (a sync returns in its gap), launch (the gap's next GPU op was
+#                enqueued after the gap began), other.
 #   breakdown    each instant of a step goes to the first active of kernel > memcpy > memset >
 #                runtime > DataLoader > CPU Exec (operator spans only) > other (plugin Overview).
 
@@ -496,15 +500,171 @@ def initialization_warning(found: dict | None) -> str | None:
             f"numbers")
 
 
+# The fixed causes of the GPU's idle time (defined below, "Why the GPU is idle"); a host region's
+# name is a cause of its own, between dataloader and host_sync.
+IDLE_CAUSES = ("dataloader", "host_sync", "before_first_op", "launch", "other")
+
+
+# --- Host regions: record_function ranges that are host work. -----------------------------------
+# A user's record_function("tokenize") around pure-Python work says, by name, what the host does
+# while the GPU waits; the DataLoader's __next__ spans are the one such region PyTorch names
+# itself (and keep their own cause). A candidate (trace_columns: a user_annotation range, or the
+# harness's data/forward/backward in any category; not ProfilerStep#N, the DataLoader's spans or
+# the optimizer region, which have metrics and verdicts of their own, nor collectives) is host
+# work, decided span by span, when both hold:
+#   (a) no runtime call that enqueues GPU work (a launch, graph launch, copy or memset) starts
+#       while it is open, on any thread: the GPU gets nothing while it runs. Any thread, not
+#       only its own: the harness's "backward" region on the main thread holds no operator and
+#       no launch at all in the H100 reference traces, because autograd runs the backward pass
+#       on a thread of its own, which launches every kernel while the main thread waits;
+#   (b) for at least HOST_REGION_OUTSIDE_OPS_MIN of its time no PyTorch operator (cpu_op, on any
+#       thread, the harness's regions written as operators aside) is open: its time goes to
+#       Python or native code outside torch (a tokenizer, decoding, a metrics client), not to
+#       eager operators, which the step breakdown's CPU Exec and the operator tables already
+#       name. A "forward" region of a CPU run, all aten ops, is no host region; a pure-Python
+#       tokenizer's is.
+# Each instant goes to the innermost open qualifying region (the latest started: ranges on one
+# thread nest), so nested regions split their time and never count it twice.
+HOST_REGION_OUTSIDE_OPS_MIN = 0.5  # share of a span's time with no operator open: "most of it"
+# The fixed causes' names, and compare's "busy": a region named like one of them (a user's
+# record_function("launch")) gets REGION_CLASH_SUFFIX in gpu.idle_by_cause_pct.
+REGION_CLASH_SUFFIX = " (region)"
+
+
+@dataclass
+class HostRegions:
+    """The instants each host region holds: disjoint segments (sorted by start; less the
+    DataLoader's time, which keeps its own cause), the index of each one's region name, and per
+    name the share of its qualifying spans' time with no operator open (%)."""
+    segments: Spans
+    label: np.ndarray
+    names: list[str]
+    outside_ops_pct: dict[str, float]
+
+
+def intersect(a: Spans, b: Spans) -> tuple[Spans, np.ndarray]:
+    """The pieces where two sets of sorted, disjoint intervals overlap, and for each the index of
+    its interval in `a`."""
+    first = np.searchsorted(b.end, a.start, side="right")  # the first of b ending after a starts
+    past = np.searchsorted(b.start, a.end, side="left")  # b's that start before a ends
+    count = np.maximum(past - first, 0)
+    index_a = np.repeat(np.arange(a.size), count)
+    index_b = (np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+               + np.repeat(first, count))
+    start = np.maximum(a.start[index_a], b.start[index_b])
+    end = np.minimum(a.end[index_a], b.end[index_b])
+    keep = end > start
+    return Spans(start[keep], end[keep]), index_a[keep]
+
+
+def without(spans: Spans, removed: Spans) -> tuple[Spans, np.ndarray]:
+    """Sorted, disjoint `spans` less the merged `removed` intervals, and each piece's index in
+    `spans`."""
+    gaps = Spans(np.r_[-np.inf, removed.end], np.r_[removed.start, np.inf])
+    return intersect(spans, gaps)
+
+
+def innermost(spans: Spans, label: np.ndarray) -> tuple[Spans, np.ndarray]:
+    """Each instant some span covers goes to the innermost open then: the latest started (ties:
+    the first to end). Returns disjoint segments, sorted, and each one's label. One sweep over
+    the spans' ends, a heap of the open ones (a few per step)."""
+    bounds = np.unique(np.r_[spans.start, spans.end]).tolist()
+    order = np.lexsort((spans.end, spans.start)).tolist()
+    starts, ends, labels = spans.start.tolist(), spans.end.tolist(), label.tolist()
+    open_spans: list[tuple[float, float, int]] = []  # (-start, end, index): innermost on top
+    pieces: list[tuple[float, float, int]] = []
+    next_span = 0
+    for low, high in zip(bounds, bounds[1:]):
+        while next_span < len(order) and starts[order[next_span]] <= low:
+            i = order[next_span]
+            heapq.heappush(open_spans, (-starts[i], ends[i], i))
+            next_span += 1
+        while open_spans and open_spans[0][1] <= low:  # ended: an inner span ends first
+            heapq.heappop(open_spans)
+        if open_spans:
+            owner = labels[open_spans[0][2]]
+            if pieces and pieces[-1][1] == low and pieces[-1][2] == owner:
+                pieces[-1] = (pieces[-1][0], high, owner)
+            else:
+                pieces.append((low, high, owner))
+    return (Spans(np.array([p[0] for p in pieces], dtype=np.float64),
+                  np.array([p[1] for p in pieces], dtype=np.float64)),
+            np.array([p[2] for p in pieces], dtype=np.int64))
+
+
+def host_regions(columns: TraceColumns) -> HostRegions:
+    """The host regions of the whole trace (definition above): which candidates qualify, and the
+    instants each name holds, innermost first, less the DataLoader's."""
+    candidates = columns.annotations
+    duration = candidates.end - candidates.start
+    enqueue_starts = np.sort(columns.runtime.start[columns.runtime_enqueues])
+    quiet = (np.searchsorted(enqueue_starts, candidates.end, side="left")
+             == np.searchsorted(enqueue_starts, candidates.start, side="left")) & (duration > 0)
+    outside = np.zeros(candidates.size)
+    if quiet.any():  # the operators that overlap a quiet candidate (a few), merged
+        reach = merge(Spans(candidates.start[quiet], candidates.end[quiet]))
+        ops = columns.cpu_ops
+        operator = (~columns.cpu_op_is_region if columns.cpu_op_is_region.size
+                    else np.ones(ops.size, bool))
+        k = np.minimum(np.searchsorted(reach.end, ops.start, side="right"), reach.size - 1)
+        overlaps = operator & (ops.start < reach.end[k]) & (ops.end > reach.start[k])
+        busy = merge(Spans(ops.start[overlaps], ops.end[overlaps]))
+        outside[quiet] = duration[quiet] - covered_length(
+            busy, candidates.start[quiet], candidates.end[quiet])
+    qualifies = quiet & (outside >= HOST_REGION_OUTSIDE_OPS_MIN * duration)
+    names, label = np.unique(columns.annotation_names[qualifies].astype(str),
+                             return_inverse=True)
+    spans = Spans(candidates.start[qualifies], candidates.end[qualifies])
+    segments, owner = innermost(spans, label.ravel())
+    segments, piece_of = without(segments, merge(columns.dataloader))
+    time = np.bincount(label.ravel(), weights=duration[qualifies], minlength=names.size)
+    time_outside = np.bincount(label.ravel(), weights=outside[qualifies], minlength=names.size)
+    return HostRegions(segments, owner[piece_of], [str(name) for name in names],
+                       {str(name): 100.0 * float(o) / float(t) if t > 0 else 0.0
+                        for name, o, t in zip(names, time_outside, time)})
+
+
+def region_cause(name: str) -> str:
+    """The key of a host region's idle cause: its name, unless a fixed cause (or compare's
+    "busy") has it."""
+    return name + REGION_CLASH_SUFFIX if name in (*IDLE_CAUSES, "busy") else name
+
+
+def host_region_metrics(regions: HostRegions, window: tuple[float, float], n_steps: int,
+                        idle_pct: dict[str, float] | None) -> dict[str, dict]:
+    """Per host region holding some of the window, largest first: `pct`, its share of the window
+    (the instants it holds, DataLoader time aside), `ms_per_step`, `outside_ops_pct` (of its
+    qualifying spans' time, with no operator open) and, on a GPU trace, `gpu_idle_pct`: the
+    GPU's idle time it is the cause of, ÷ window (gpu.idle_by_cause_pct)."""
+    low, high = window
+    span = high - low
+    held, index = intersect(regions.segments, Spans(np.array([low]), np.array([high])))
+    held_us = np.bincount(regions.label[index], weights=held.end - held.start,
+                          minlength=len(regions.names))
+    table = {}
+    for i in np.argsort(-held_us, kind="stable").tolist():
+        if held_us[i] <= 0 or span <= 0:
+            continue
+        name = regions.names[i]
+        table[name] = {
+            "pct": 100.0 * float(held_us[i]) / span,
+            "ms_per_step": float(held_us[i]) / US_PER_MS / n_steps,
+            "outside_ops_pct": regions.outside_ops_pct[name],
+            "gpu_idle_pct": None if idle_pct is None else idle_pct.get(region_cause(name), 0.0)}
+    return table
+
+
 # --- Why the GPU is idle. ----------------------------------------------------------------------
 
-IDLE_CAUSES = ("dataloader", "host_sync", "before_first_op", "launch", "other")
 # Holistic Trace Analysis splits idle time into host wait (the CPU does not enqueue kernels fast
 # enough), kernel wait (short gaps between kernels enqueued in time) and other; AMD's TraceLens
 # splits GPU time into computation, exposed communication, exposed memcpy and idle, and names
 # launch overhead, syncs and pipeline bubbles as idle's causes. Ours, per idle instant, the first
-# that holds:
+# that holds (the fixed ones in IDLE_CAUSES, defined before the host regions above):
 #   dataloader       a DataLoader __next__ span is open: the host is fetching the next batch.
+#   <region name>    a host region is open (host_regions; the innermost names it): the host does
+#                    work that enqueues nothing. Before host_sync: in a gap a sync ended, a
+#                    region that then runs is still why the GPU gets nothing.
 #   host_sync        the rest of a gap a host sync returns in: the GPU drained its queue for the
 #                    host (the gaps gpu.sync_idle_pct counts).
 #   before_first_op  the rest of the gap that opens the window, before the GPU's first op in it:
@@ -538,10 +698,12 @@ def enqueue_times(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
 
 
 def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, float],
-                      sync_ends: np.ndarray) -> dict[str, float]:
-    """The GPU's idle time in the window split by cause (IDLE_CAUSES), each ÷ window, in %: they
-    add up to 100 - union(kernels, copies, memsets in the window) ÷ window. `busy`: merged GPU
-    work; `sync_ends`: when each host sync in the steps returned."""
+                      sync_ends: np.ndarray, regions: HostRegions | None = None
+                      ) -> dict[str, float]:
+    """The GPU's idle time in the window split by cause (IDLE_CAUSES, and each host region that
+    holds some of the window, by region_cause), each ÷ window, in %: they add up to 100 -
+    union(kernels, copies, memsets in the window) ÷ window. `busy`: merged GPU work;
+    `sync_ends`: when each host sync in the steps returned; `regions`: host_regions'."""
     low, high = window
     span = high - low
     result = dict.fromkeys(IDLE_CAUSES, 0.0)
@@ -554,7 +716,23 @@ def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, f
     end = np.maximum(end, start)
     loader = merge(columns.dataloader)
     dataloader = covered_length(loader, start, end)
-    rest = length - dataloader
+    # The host regions' segments lie outside the DataLoader's spans: what they cover of each gap
+    # comes after it. Each region's idle time: its segments' overlap with the gaps.
+    held = loader
+    region_us: dict[str, float] = {}
+    if regions is not None and regions.segments.size:
+        in_window, index = intersect(regions.segments, Spans(np.array([low]), np.array([high])))
+        gaps = length > 0
+        idle = covered_length(Spans(start[gaps], end[gaps]), in_window.start, in_window.end)
+        per_name = np.bincount(regions.label[index], weights=idle,
+                               minlength=len(regions.names))
+        region_us = {region_cause(name): float(us) for name, us, present in zip(
+            regions.names, per_name, np.bincount(regions.label[index],
+                                                 minlength=len(regions.names)))
+            if present}
+        held = merge(concat(loader, in_window))
+    hosted = covered_length(held, start, end)  # DataLoader and host regions
+    rest = length - hosted
 
     synced = np.zeros(length.size, bool)
     k = gap_of(sync_ends[(sync_ends >= low) & (sync_ends <= high)], busy)
@@ -576,25 +754,45 @@ def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, f
         earliest = np.minimum.reduceat(known, np.column_stack([first, after]).ravel())[::2]
         until[:-1] = np.where(np.isfinite(earliest),  # unknown: no launch part
                               np.clip(earliest, start[:-1], end[:-1]), start[:-1])
-    launch = (until - start) - covered_length(loader, start, until)
+    launch = (until - start) - covered_length(held, start, until)
     plain = ~synced & ~opening
     result["dataloader"] = float(dataloader.sum())
     result["host_sync"] = float(rest[synced].sum())
     result["before_first_op"] = float(rest[~synced & opening].sum())
     result["launch"] = float(launch[plain].sum())
     result["other"] = float((rest - launch)[plain].sum())
-    return {cause: 100.0 * us / span for cause, us in result.items()}
+    # In the order of precedence: the DataLoader, the host regions, then the rest.
+    ordered = {"dataloader": result.pop("dataloader"), **region_us, **result}
+    return {cause: 100.0 * us / span for cause, us in ordered.items()}
 
 
 # --- GPU metrics. -------------------------------------------------------------------------------
 
+def graph_replays(columns: TraceColumns, in_steps: np.ndarray, in_window: np.ndarray,
+                  n_steps: int) -> dict:
+    """CUDA graph replays: the graph launches in the steps (cudaGraphLaunch, cuGraphLaunch,
+    hipGraphLaunch), per step, and their time; and the kernels in the window whose launching
+    call (by correlation id: a graph's kernels share its launch's) is one, per step."""
+    graph = columns.runtime_is_graph_launch & in_steps
+    kernels = 0
+    if columns.runtime_is_graph_launch.any():  # a trace without graphs pays nothing
+        call = launching_call(columns, columns.kernel_correlation[in_window])
+        kernels = int((columns.runtime_is_graph_launch[call[call >= 0]]).sum())
+    return {"graph_launches_per_step": float(graph.sum()) / n_steps,
+            "graph_kernels_per_step": kernels / n_steps,
+            "graph_launch_ms_per_step": float((columns.runtime.end - columns.runtime.start)[
+                graph].sum()) / US_PER_MS / n_steps}
+
+
 def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,
                 runtime_step: np.ndarray, steps: Spans | None = None,
                 syncs: HostSyncs | None = None,
-                copied: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+                copied: tuple[np.ndarray, np.ndarray] | None = None,
+                regions: HostRegions | None = None) -> dict:
     """`steps`: the host steps (ProfilerStep#N, or the whole trace), for the syncs recorded only as
     cuda_sync events; without them those count where they lie in the window. `syncs` (host_syncs)
-    and `copied` (copy_calls), where the caller has them already."""
+    and `copied` (copy_calls), where the caller has them already; `regions` (host_regions): the
+    host regions, causes of idle time by name."""
     low, high = window
     span = high - low
     kernels = columns.kernels
@@ -643,6 +841,10 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "median_kernel_us": float(np.median(duration)) if duration.size else None,
         "short_kernel_pct": share(float((duration < SHORT_KERNEL_US).sum()), duration.size),
         "launches_per_step": float((in_steps & columns.runtime_is_launch).sum()) / n_steps,
+        # Of them, CUDA graph launches, their time, and the kernels they replayed: one graph
+        # launch enqueues hundreds of kernels, which the launch-bound rule must not read as
+        # hundreds of launches (verdicts.launch_to_kernel_ratio).
+        **graph_replays(columns, in_steps, in_window, n_steps),
         "h2d_pct": share(union_in(h2d, low, high), span),
         "h2d_exposed_pct": share(h2d_exposed, span),
         "tensor_core_pct": share(float(duration[tensor_core].sum()), kernel_time),
@@ -659,5 +861,5 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         **sync_metrics(syncs, busy, low, high, n_steps),
         **copy_metrics(columns, copied, runtime_step, n_steps),
         "idle_by_cause_pct": idle_by_cause_pct(columns, busy, window,
-                                               syncs.end[syncs.step >= 0]),
+                                               syncs.end[syncs.step >= 0], regions),
     }

@@ -241,9 +241,12 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "cpu": Preset(batch_size=32, steps=15, warmup_steps=2,
                       sizes=dict(vocab=4000, d_model=64, heads=4, blocks=2, max_len=128,
                                  num_classes=2, words=800)),
+        # Texts long enough, and a model heavy enough, that tokenizing is most of bad's step and
+        # little of fixed's even at this size (Rust's threads cost ~0.2 ms a call however few
+        # texts): tests read the verdicts off these traces.
         "smoke": Preset(batch_size=4, steps=3, warmup_steps=1,
-                        sizes=dict(vocab=300, d_model=16, heads=2, blocks=1, max_len=32,
-                                   num_classes=2, words=40)),
+                        sizes=dict(vocab=1000, d_model=64, heads=2, blocks=2, max_len=128,
+                                   num_classes=2, words=200)),
     },
 }
 

@@ -96,6 +96,8 @@ def breakdown_figure(analyses: dict[str, analyze.Analysis], title: str):
 IDLE_COLORS = {"busy": "#2e7d32", "dataloader": "#c62828", "host_sync": "#ef6c00",
                "before_first_op": "#90caf9",
                "launch": "#6a1b9a", "other": "#bdbdbd"}
+# Host regions (idle causes by name), in turn: reds and browns, near the DataLoader's (host work).
+HOST_REGION_COLORS = ("#8d6e63", "#f06292", "#a1887f", "#ad1457", "#d7ccc8")
 
 
 def idle_figure(analyses: dict[str, analyze.Analysis], title: str):
@@ -105,11 +107,14 @@ def idle_figure(analyses: dict[str, analyze.Analysis], title: str):
     labels = list(analyses)
     left = np.zeros(len(labels))
     idle = [a.result["gpu"]["idle_by_cause_pct"] for a in analyses.values()]
+    causes = analyze.idle_causes(*idle)  # every run's host regions too, after the DataLoader
     parts = {"busy": [100.0 - sum(i.values()) for i in idle],
-             **{cause: [i[cause] for i in idle] for cause in analyze.IDLE_CAUSES}}
+             **{cause: [i.get(cause, 0.0) for i in idle] for cause in causes}}
+    regions = iter(HOST_REGION_COLORS * len(causes))
     for part, widths in parts.items():
-        name = "GPU busy" if part == "busy" else f"idle: {analyze.IDLE_CAUSE_LABELS[part]}"
-        ax.barh(labels, widths, left=left, color=IDLE_COLORS[part], label=name)
+        name = "GPU busy" if part == "busy" else f"idle: {analyze.idle_cause_label(part)}"
+        color = IDLE_COLORS.get(part) or next(regions)
+        ax.barh(labels, widths, left=left, color=color, label=name)
         left += widths
     ax.set_xlim(0, 100)
     ax.invert_yaxis()  # bad on top
@@ -296,11 +301,14 @@ def demo_readme(demo: str, out_root: Path) -> str | None:
 
 # The rows a section shows first; the rest are folded under ALL_ROWS_SUMMARY (one click away):
 # a reader first wants how fast, how long a step, how much memory, how busy the GPU, and why.
-PRIMARY_ROWS = ("samples/s", "real tokens/s", "step p50 ms", "peak memory MB", "GPU utilization %",
-                "DataLoader %", "syncs/step", "verdicts")
+PRIMARY_ROWS = ("samples/s", "real tokens/s", "requests/s", "generated tokens/s",
+                "latency p50 ms", "per token p50 ms", "step p50 ms", "peak memory MB",
+                "GPU utilization %", "DataLoader %", "syncs/step", "verdicts")
 ALL_ROWS_SUMMARY = "Every row (timing, idle by cause, kernels, tensor cores)"
 # The words the report uses before it could define them, said once at its top.
-TERMS = ("**Terms.** A *step* is one training iteration (`ProfilerStep#N` in the trace); the "
+TERMS = ("**Terms.** A *step* is one training iteration (`ProfilerStep#N` in the trace), or in "
+         "an inference pair one request (`llm_decode`) or one batch of requests "
+         "(`tokenizer_bound`), whose latency is the host's wait for its result; the "
          "*timed phase* is the run's steps without the profiler, where throughput and step time "
          "come from, and the *profiled steps* are the few the trace records. The *window* runs "
          "from the first profiled step's start to the last one's end on the GPU's clock; the "

@@ -50,6 +50,11 @@ CPU_OP_CATEGORIES = {"cpu_op", "operator", "python"}
 # Python frames (torch.profiler with_stack=True): read besides, for the hot frames (metrics).
 PYTHON_FRAME_CATEGORY = "python_function"
 
+# record_function ranges are written in this category by current Kineto (and stay so after our
+# TensorBoard rewrite): where the host regions (metrics.host_regions) are looked for, besides the
+# harness's own region names in any category (the 2021 vocabulary writes every range and
+# operator as "Operator", where a user's region cannot be told from an operator).
+ANNOTATION_CATEGORY = "user_annotation"
 # The harness's record_function regions, drawn on the report's CPU timeline.
 REGION_NAMES = ("data", "forward", "backward", "optimizer")
 DATALOADER_REGION = "DataLoader"
@@ -118,6 +123,14 @@ LAUNCH_PREFIXES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeK
 SYNC_PATTERN = re.compile(r"^(?:(?:cu|hip)\w*Synchronize"
                           r"|(?:cuda|hip)Memcpy(?:2D|3D|WithStream|DtoH|HtoD)?"
                           r"|cuMemcpy(?:DtoH|HtoD)(?:_v2)?)(?:_pt(?:sz|ds))?$")
+# CUDA graph replays: one call enqueues every kernel of a captured graph, which share its
+# correlation id (CUPTI; ROCm's roctracer writes hipGraphLaunch's the same way: the shared
+# MI300X vLLM trace's 25 replays carry 361 kernels). A subset of LAUNCH_PREFIXES.
+GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+# Runtime calls that enqueue a copy or a memset (cudaMemcpyAsync, cudaMemsetAsync, cuMemcpyHtoD,
+# hipMemcpyWithStream, ...): GPU work as much as a launch. A host region that holds one
+# (metrics.host_regions) is not host work alone.
+COPY_PREFIXES = ("cudaMemcpy", "cudaMemset", "cuMemcpy", "cuMemset", "hipMemcpy", "hipMemset")
 HIP_API_PREFIX = "hip"  # runtime calls named hip*: a ROCm (AMD GPU) trace
 # Current Kineto also writes each sync as an event of its own (category cuda_sync, on the GPU's
 # row, args "cuda_sync_kind"), with the correlation id of the runtime call that made it (one
@@ -200,6 +213,18 @@ class TraceColumns:
     # a sound trace.
     impossible: dict = field(default_factory=dict)
     has_backward: bool = False  # a CPU span of a backward pass (BACKWARD_MARKER, the region)
+    # CUDA graph launches (GRAPH_LAUNCH_PREFIXES) and calls that enqueue GPU work (a launch, a
+    # copy or a memset by name: COPY_PREFIXES), per runtime call.
+    runtime_is_graph_launch: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
+    runtime_enqueues: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
+    # Per operator: a harness region written as an operator (the 2021 vocabulary), which is no
+    # PyTorch operator for the host regions' "outside operators" test.
+    cpu_op_is_region: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
+    # Host region candidates (metrics.host_regions): record_function ranges on a CPU
+    # (ANNOTATION_CATEGORY, and the harness's regions in any category) but steps, DataLoader
+    # spans, the optimizer region and collectives; sorted by start, with their names.
+    annotations: Spans = field(default_factory=Spans.empty)
+    annotation_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))
 
 
 # --- Reading the events. ----------------------------------------------------------------------
@@ -328,6 +353,8 @@ class Pieces:
     # forward
     collective_calls: list[tuple] = field(default_factory=list)
     square_softmaxes: list[tuple[float, int]] = field(default_factory=list)  # (start µs, s)
+    # (start µs, end µs, name, pid) of each host region candidate (read_cpu_group)
+    annotations: list[tuple] = field(default_factory=list)
     kind_by_category: dict = field(default_factory=dict)
     role_by_name: dict[str, int] = field(default_factory=dict)
     runtime_by_name: dict[str, int] = field(default_factory=dict)  # LAUNCH_BIT | SYNC_BIT
@@ -353,7 +380,9 @@ def widen(extent: list[float], spans: Spans) -> None:
         extent[1] = max(extent[1], float(spans.end.max()))
 
 
-LAUNCH_BIT, SYNC_BIT = 1, 2  # what a runtime call's name says (Pieces.runtime_by_name)
+# What a runtime call's name says (Pieces.runtime_by_name): a launch, a sync, a graph launch, a
+# copy or memset.
+LAUNCH_BIT, SYNC_BIT, GRAPH_BIT, COPY_BIT = 1, 2, 4, 8
 
 
 def read_piece(pieces: Pieces, events: list) -> None:
@@ -404,15 +433,20 @@ def read_piece(pieces: Pieces, events: list) -> None:
             names = names_of(group)
             for name in set(names) - meaning.keys():
                 meaning[name] = (LAUNCH_BIT * name.startswith(LAUNCH_PREFIXES)
-                                 | SYNC_BIT * bool(SYNC_PATTERN.match(name)))
+                                 | SYNC_BIT * bool(SYNC_PATTERN.match(name))
+                                 | GRAPH_BIT * name.startswith(GRAPH_LAUNCH_PREFIXES)
+                                 | COPY_BIT * name.startswith(COPY_PREFIXES))
             flags = np.fromiter(map(meaning.__getitem__, names), np.int8, len(names))
             pieces.add("runtime_is_launch", (flags & LAUNCH_BIT).astype(bool))
             pieces.add("runtime_is_sync", (flags & SYNC_BIT).astype(bool))
+            pieces.add("runtime_is_graph_launch", (flags & GRAPH_BIT).astype(bool))
+            pieces.add("runtime_enqueues", (flags & (LAUNCH_BIT | COPY_BIT)).astype(bool))
             pieces.add("runtime_thread", thread_ids(pieces, group))  # sync attribution
         elif kind == "sync":
             read_host_syncs(pieces, group, spans)
         elif kind in ("cpu_op", "cpu_other"):
-            read_cpu_group(pieces, kind, group, spans)
+            read_cpu_group(pieces, kind, group, spans,
+                           annotation=str(category).lower() == ANNOTATION_CATEGORY)
             if str(category).lower() == PYTHON_FRAME_CATEGORY:
                 read_python_frames(pieces, group, spans)
     kept = [event for event in memory if event.args.total_allocated is not None]
@@ -422,10 +456,14 @@ def read_piece(pieces: Pieces, events: list) -> None:
         pieces.add("memory_device_type", [event.args.device_type for event in kept])
 
 
-def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None:
+def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans, *,
+                   annotation: bool = False) -> None:
     """Steps, DataLoader spans and regions are kept by name (any CPU-side category); spans of an
     operator category (CPU_OP_CATEGORIES) other than steps and DataLoader are CPU Exec: a region
-    only where it is written as an operator (the 2021 vocabulary), as the plugin reads it."""
+    only where it is written as an operator (the 2021 vocabulary), as the plugin reads it.
+    `annotation`: the group is record_function ranges (ANNOTATION_CATEGORY), whose names other
+    than steps, DataLoader spans and collectives are host region candidates, as are the
+    harness's regions in any category; the optimizer's are not."""
     roles_by_name = pieces.role_by_name
     names = names_of(group)
     for name in set(names) - roles_by_name.keys():  # each name once per trace
@@ -443,6 +481,17 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
     # The records below (shapes, collective calls) keep a start only, which the impossible-event
     # pass checks; an operator whose duration is impossible makes none.
     roles = np.where(sanity.possible_duration(spans), roles, ROLE_OTHER)
+    candidate = roles == ROLE_REGION
+    if annotation:  # an impossible duration made its role ROLE_OTHER: kept out here
+        candidate |= (roles == ROLE_OTHER) & sanity.possible_duration(spans)
+    # Not the optimizer region either: like the DataLoader's spans it has a metric and a verdict
+    # of its own (metrics.optimizer_metrics, unfused_optimizer), whose fix is another.
+    candidates = [index for index in np.flatnonzero(candidate).tolist()  # a few per step
+                  if names[index] != OPTIMIZER_REGION
+                  and not names[index].startswith(OPTIMIZER_STEP_PREFIX)]
+    for index in candidates:
+        pieces.annotations.append((float(spans.start[index]), float(spans.end[index]),
+                                   names[index], group[index].pid))
     for index in np.flatnonzero(roles == ROLE_LAYER):  # one per conv or linear layer per step
         batch = input_batch_of(names[index], trace.decoded(group[index].args.input_dims))
         if batch is not None:
@@ -467,6 +516,7 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans) -> None
         pieces.add("cpu_op_start", spans.start[work])
         pieces.add("cpu_op_end", spans.end[work])
         pieces.add("cpu_op_thread", thread_ids(pieces, group)[work])  # sync attribution
+        pieces.add("cpu_op_is_region", (roles == ROLE_REGION)[work])  # host regions
         # Interned: one string per distinct name is kept, not each event's own copy (holding
         # those across pieces fragments the allocator: 0.2-0.3 s slower on the 135 MB benchmark).
         pieces.add("cpu_op_name", np.array(list(map(sys.intern, names)), dtype=object)[work])
@@ -552,7 +602,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
     steps_written = bool(cpu_steps())
     impossible = sanity.drop_impossible(pieces.arrays, pieces.named_spans,
                                         [pieces.layer_batches, pieces.square_softmaxes,
-                                         pieces.collective_calls])
+                                         pieces.collective_calls, pieces.annotations])
     if any(impossible.values()):  # the extents were widened by what is now left out
         pieces.all_extent = extent_of(pieces, sanity.EXTENT_GROUPS, pieces.named_spans)
         pieces.cpu_extent = extent_of(pieces, ("cpu_op", "cpu_named"), [])
@@ -590,6 +640,9 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
                                    else COLLECTIVE_OP_PREFIX) and GRADIENT_COLLECTIVE.search(name)]
     distributed = top.get("distributedInfo")
     memcpy_h2d = pieces.column("memcpy_h2d", bool)
+    # Host region candidates on a CPU, by start: (start, end, name, pid)
+    annotations = sorted((span for span in pieces.annotations if span[3] not in pieces.gpu_pids),
+                         key=lambda span: (span[0], span[1]))
     properties = top.get("deviceProperties")
     return TraceColumns(
         kernels=Spans(pieces.column("kernel_start"), pieces.column("kernel_end")),
@@ -639,7 +692,13 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         ddp_forwards=ddp_forwards, impossible=impossible, has_backward=pieces.has_backward,
         ddp_forward_thread=np.array([thread for _, _, thread in forwards], dtype=np.int64),
         gradient_collective_start=np.array([start for start, _ in gradient], dtype=np.float64),
-        gradient_collective_size=np.array([size for _, size in gradient], dtype=np.float64))
+        gradient_collective_size=np.array([size for _, size in gradient], dtype=np.float64),
+        runtime_is_graph_launch=pieces.column("runtime_is_graph_launch", bool),
+        runtime_enqueues=pieces.column("runtime_enqueues", bool),
+        cpu_op_is_region=pieces.column("cpu_op_is_region", bool),
+        annotations=Spans(np.array([span[0] for span in annotations], dtype=np.float64),
+                          np.array([span[1] for span in annotations], dtype=np.float64)),
+        annotation_names=np.array([span[2] for span in annotations], dtype=object))
 
 
 def read_pieces(pieces_of_events) -> Pieces:

@@ -66,6 +66,15 @@ DDP_SYNCED_MICRO_BATCHES_MIN = 2  # micro-batches per step that end in an all-re
 # host then sets the pace, not the GPU; the same line as small_batch's utilization.
 HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT = 50.0  # % of the window the GPU waits for an enqueue
 HOST_OVERHEAD_OPERATORS_SHOWN = 3  # operators named in its evidence, by self time per step
+# Host regions (metrics.host_regions: a record_function range that enqueues no GPU work and runs
+# mostly outside PyTorch operators, a tokenizer say): one region is the cause of this share of the
+# window's GPU idle time (on a CPU-only trace: holds this share of the window). A fifth of the
+# window waiting on host work, as the DataLoader's 20 % is a fifth waiting on data.
+HOST_REGION_MIN_PCT = DATALOADER_SHARE_MIN_PCT  # % of the window
+# CUDA graphs: when at least this share of the window's kernels are replayed by graph launches
+# (gpu.graph_kernels_per_step of kernels_per_step: "most"), the step is already captured, and the
+# launch and host fixes speak of the host's work between the replays instead.
+GRAPH_REPLAYED_MIN_PCT = 50.0  # % of the kernels
 # Exposed communication: collectives run with no compute kernel beside them for this share of the
 # window (gpu.exposed_comm_pct; TraceLens's "exposed communication"). A fifth of the step with
 # the GPU only waiting on the network, as the DataLoader's 20 % is a fifth waiting on data.
@@ -101,12 +110,60 @@ def rule_dataloader(m: dict) -> dict | None:
         "dataloader_workers")
 
 
+def rule_host_region(m: dict) -> dict | None:
+    """A named host region (metrics.host_regions) the GPU waits on, or, without a GPU, that
+    holds the window: the largest by that share."""
+    regions = m.get("host_regions") or {}
+    gpu = m["gpu"]
+    share = {name: region["gpu_idle_pct"] if gpu else region["pct"]
+             for name, region in regions.items()}
+    if not share or max(share.values()) < HOST_REGION_MIN_PCT:
+        return None
+    name = max(share, key=share.get)
+    region = regions[name]
+    held = (f"the GPU idles {share[name]:.0f} % of the window while it runs, which enqueues no "
+            f"GPU work" if gpu else f"it holds {share[name]:.0f} % of the window")
+    return finding(
+        "host_region", severity(share[name], HOST_REGION_MIN_PCT),
+        f"host work in region '{name}': {held} ({region['ms_per_step']:.1f} ms/step, "
+        f"{region['outside_ops_pct']:.0f} % of it outside PyTorch operators; rule: >= "
+        f"{HOST_REGION_MIN_PCT:.0f} %)",
+        f"make the work in '{name}' cheaper or take it off the critical path: a native, "
+        f"vectorised batch implementation (a Rust tokenizer's encode_batch instead of a Python "
+        f"loop per request), worker processes or threads that run ahead of the step, as "
+        f"DataLoader workers do, or overlap it with the GPU's work (prepare the next batch while "
+        f"the GPU runs this one)", "tokenizer_bound")
+
+
+def graph_replayed(gpu: dict) -> bool:
+    """Most of the window's kernels are replayed from CUDA graphs (GRAPH_REPLAYED_MIN_PCT)."""
+    return bool(gpu) and gpu["kernels_per_step"] > 0 and (
+        100.0 * gpu.get("graph_kernels_per_step", 0.0) / gpu["kernels_per_step"]
+        >= GRAPH_REPLAYED_MIN_PCT)
+
+
+def graph_replay_words(gpu: dict) -> str:
+    """"the kernels are already replayed from 2 CUDA graph launches a step (391 of 402)"."""
+    launches = gpu["graph_launches_per_step"]
+    return (f"the kernels are already replayed from {launches:.0f} CUDA graph "
+            f"launch{'' if round(launches) == 1 else 'es'} a step "
+            f"({gpu['graph_kernels_per_step']:.0f} of {gpu['kernels_per_step']:.0f})")
+
+
+def eager_launch_ms(gpu: dict) -> float:
+    """Launch-call time per step outside CUDA graph launches: one graph launch enqueues all its
+    kernels at once, so its call is no per-kernel cost."""
+    return gpu["launch_ms_per_step"] - gpu.get("graph_launch_ms_per_step", 0.0)
+
+
 def launch_to_kernel_ratio(gpu: dict) -> float | None:
     """Launch-call time over kernel time per step when the run is launch bound (most kernels
-    short and the launches take at least as long as the kernels), else None."""
+    short and the launches take at least as long as the kernels), else None. Graph launches
+    are left out of the launch time: one graph launch for hundreds of short kernels is not
+    launch bound."""
     if not gpu or gpu["kernel_ms_per_step"] <= 0:
         return None
-    ratio = gpu["launch_ms_per_step"] / gpu["kernel_ms_per_step"]
+    ratio = eager_launch_ms(gpu) / gpu["kernel_ms_per_step"]
     if gpu["short_kernel_pct"] < LAUNCH_SHORT_KERNEL_MIN_PCT or ratio < LAUNCH_TO_KERNEL_TIME_MIN:
         return None
     return ratio
@@ -131,14 +188,25 @@ def rule_launch_overhead(m: dict) -> dict | None:
     ratio = launch_to_kernel_ratio(gpu)
     if ratio is None or rule_small_batch(m):
         return None
+    graphs = gpu.get("graph_launches_per_step", 0.0)
     evidence = (
         f"launch bound: {gpu['short_kernel_pct']:.0f} % of kernels run < {SHORT_KERNEL_US:.0f} us "
-        f"and the CPU spends {gpu['launch_ms_per_step']:.2f} ms/step in "
-        f"{gpu['launches_per_step']:.0f} launch calls for {gpu['kernel_ms_per_step']:.2f} ms of "
-        f"kernels ({ratio:.1f}x; rule: >= {LAUNCH_SHORT_KERNEL_MIN_PCT:.0f} % short and "
-        f">= {LAUNCH_TO_KERNEL_TIME_MIN:.0f}x)")
-    fix = ("launch fewer, larger kernels: torch.compile (fusion) and CUDA graphs "
-           "(mode=\"reduce-overhead\")")
+        f"and the CPU spends {eager_launch_ms(gpu):.2f} ms/step in "
+        f"{gpu['launches_per_step'] - graphs:.0f} launch calls for "
+        f"{gpu['kernel_ms_per_step']:.2f} ms of kernels ({ratio:.1f}x; rule: >= "
+        f"{LAUNCH_SHORT_KERNEL_MIN_PCT:.0f} % short and >= {LAUNCH_TO_KERNEL_TIME_MIN:.0f}x)")
+    if graphs:
+        evidence += (f"; besides {graphs:.0f} CUDA graph launches a step replaying "
+                     f"{gpu['graph_kernels_per_step']:.0f} kernels, not counted: one call "
+                     f"enqueues a whole graph")
+    if graph_replayed(gpu):
+        fix = (f"{graph_replay_words(gpu)}: the launches left are the eager ops between the "
+               f"replays; bring them into the compiled region (torch.compile over the whole "
+               f"step, the optimizer and the loss included) or fuse them (a fused or foreach "
+               f"optimizer, fewer small ops outside the model)")
+    else:
+        fix = ("launch fewer, larger kernels: torch.compile (fusion) and CUDA graphs "
+               "(mode=\"reduce-overhead\")")
     if m["input_batch"] is not None:
         evidence += (f"; batch {m['input_batch']:.0f} at the conv/linear inputs"
                      + ("" if batch_is_small(m) else
@@ -225,7 +293,8 @@ def rule_small_batch(m: dict) -> dict | None:
     launch-bound run is a small batch's only when its input shapes show a small batch (a small
     batch is launch bound too); otherwise rule_launch_overhead names it."""
     gpu = m["gpu"]
-    if not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_sync(m):
+    if (not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_region(m)
+            or rule_host_sync(m)):
         return None
     launch_ratio = launch_to_kernel_ratio(gpu)
     if launch_ratio is not None and not batch_is_small(m):
@@ -249,7 +318,7 @@ def rule_small_batch(m: dict) -> dict | None:
                      f"(>= {SMALL_BATCH_INPUT_BATCH_BELOW}): the short kernels may come from "
                      f"other ops, where a larger batch helps less")
     if launch_ratio is not None:
-        evidence += (f"; launch bound too, as a small batch is: {gpu['launch_ms_per_step']:.2f} "
+        evidence += (f"; launch bound too, as a small batch is: {eager_launch_ms(gpu):.2f} "
                      f"ms/step of launch calls for {gpu['kernel_ms_per_step']:.2f} ms of kernels "
                      f"({launch_ratio:.1f}x)")
         fix += ("; if the batch cannot grow, launch fewer kernels: torch.compile and CUDA graphs "
@@ -280,11 +349,13 @@ def rule_host_overhead(m: dict) -> dict | None:
         return None
     waits = gpu["idle_by_cause_pct"]["launch"]
     operators = m.get("host_operators") or []
-    launch_ms, kernel_ms = gpu["launch_ms_per_step"], gpu["kernel_ms_per_step"]
+    launch_ms, kernel_ms = eager_launch_ms(gpu), gpu["kernel_ms_per_step"]
     evidence = (
         f"host bound: the GPU waits {waits:.0f} % of the window for the host to enqueue its next "
         f"op (utilization {gpu['utilization_pct']:.0f} %), while the launch calls take "
         f"{launch_ms:.2f} ms/step for {kernel_ms:.2f} ms of kernels"
+        + (f" ({gpu['graph_launch_ms_per_step']:.2f} ms in CUDA graph launches aside)"
+           if gpu.get("graph_launches_per_step") else "")
         + (": the host's time goes elsewhere" if launch_ms < kernel_ms else
            f", with too few short kernels to call it launch bound")
         + f" (rule: >= {HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT:.0f} % waiting, not launch bound)")
@@ -297,17 +368,25 @@ def rule_host_overhead(m: dict) -> dict | None:
     elif gpu_underfilled(gpu):
         evidence += ("; no input shapes (record_shapes=True) to say whether a small batch leaves "
                      "the kernels short")
-    fix = ("do less on the host per GPU op: capture the step in a CUDA graph "
-           "(torch.compile(mode=\"reduce-overhead\"), or torch.cuda.graphs for a static step), "
-           "fuse ops with torch.compile, give each call more work (a larger batch, more requests "
-           "per call), and move Python loops over tensors into vectorised ops (demos/"
-           "launch_overhead/ shows CUDA graphs on a model of many small ops)")
+    if graph_replayed(gpu):  # already captured: what is left runs between the replays
+        fix = (f"{graph_replay_words(gpu)}: what is left is the host's work between the "
+               f"replays (Python, sampling, eager ops outside the graph); move it into the "
+               f"captured region (static shapes and buffers, a static KV cache, sampling on the "
+               f"device), fuse or drop the eager ops between replays, and give each replay more "
+               f"work (a larger batch, more requests per call)")
+    else:
+        fix = ("do less on the host per GPU op: capture the step in a CUDA graph "
+               "(torch.compile(mode=\"reduce-overhead\"), or torch.cuda.graphs for a static "
+               "step; for generation, a static KV cache makes the decode step capturable), fuse "
+               "ops with torch.compile, give each call more work (a larger batch, more requests "
+               "per call), and move Python loops over tensors into vectorised ops")
     # Severity on the share the GPU is not waiting: "high" when it is half the rule's (waiting
-    # 75 % or more), as twice a 50 % threshold could never be reached. No pair of ours shows this
-    # regime on its own yet: no demo to point to.
+    # 75 % or more), as twice a 50 % threshold could never be reached. llm_decode shows this
+    # regime: eager token-by-token decoding at batch 1, fixed by a static KV cache and
+    # torch.compile(mode="reduce-overhead").
     return finding("host_overhead",
                    severity(100.0 - waits, 100.0 - HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT,
-                            upper_limit=True), evidence, fix, None)
+                            upper_limit=True), evidence, fix, "llm_decode")
 
 
 def rule_exposed_communication(m: dict) -> dict | None:
@@ -459,9 +538,9 @@ def rule_ddp_sync(m: dict) -> dict | None:
         "(forward and backward) inside `with model.no_sync():`", "ddp_no_sync")
 
 
-RULES = (rule_dataloader, rule_small_batch, rule_fp32_matmul, rule_activation_memory,
-         rule_launch_overhead, rule_host_overhead, rule_host_sync, rule_host_roundtrip,
-         rule_h2d_copy,
+RULES = (rule_dataloader, rule_host_region, rule_small_batch, rule_fp32_matmul,
+         rule_activation_memory, rule_launch_overhead, rule_host_overhead, rule_host_sync,
+         rule_host_roundtrip, rule_h2d_copy,
          rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)
 
 

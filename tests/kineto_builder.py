@@ -132,6 +132,22 @@ class KinetoTrace:
         self.gpu_event("kernel", name, kernel_ts, kernel_dur, correlation, ts)
         return correlation
 
+    def graph_launch(self, ts: float, dur: float, kernels: list[tuple[float, float]],
+                     name: str = ELEMENTWISE, api: str = "cudaGraphLaunch", tid=None) -> int:
+        """A CUDA graph replay: one `api` call (cudaGraphLaunch, cuGraphLaunch, hipGraphLaunch)
+        and the graph's kernels, (start, duration) each, all with its correlation id, as CUPTI
+        writes them."""
+        role = "driver" if api.startswith("cu") and not api.startswith("cuda") else "runtime"
+        correlation = self.runtime(api, ts, dur, role=role, tid=tid)
+        for kernel_ts, kernel_dur in kernels:
+            self.gpu_event("kernel", name, kernel_ts, kernel_dur, correlation, ts)
+        return correlation
+
+    def region(self, name: str, ts: float, dur: float, tid=None) -> None:
+        """A record_function range (user_annotation in the current vocabulary), on thread `tid`
+        (the CPU pid's main thread by default)."""
+        self.span("annotation", name, ts, dur, tid=tid)
+
     def memcpy(self, ts: float, dur: float, gpu_ts: float, gpu_dur: float,
                kind: str = "HtoD", host_memory: str = "Pageable", api: str = "cudaMemcpyAsync",
                tid=None) -> int:

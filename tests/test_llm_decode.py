@@ -130,3 +130,17 @@ def test_skipped_cuda_graphs_stop_the_run(monkeypatch, tmp_path, capsys):
     message = capsys.readouterr().err.strip()
     assert message.count("\n") == 0 and "skipped CUDA graphs 2 time(s)" in message
     assert not (run.out_dir / "summary.json").exists()  # nothing stale left behind
+
+
+def test_compare_rates_the_pair_by_generated_tokens_and_per_token_latency(demos_smoke_out):
+    from common import compare
+    comparison = compare.compare(demos_smoke_out / "llm_decode")
+    bad, fixed = (read_summary(demos_smoke_out, "llm_decode", v) for v in ("bad", "fixed"))
+    assert comparison["speedup_of"] == "generated tokens/s"
+    assert comparison["speedup"] == pytest.approx(fixed["tokens_per_s"] / bad["tokens_per_s"])
+    assert comparison["latency_of"] == "p50 per-token latency"
+    assert comparison["latency_ratio"] == pytest.approx(
+        fixed["per_token_ms"]["p50"] / bad["per_token_ms"]["p50"])
+    rows = {row[0]: row for row in compare.table_rows(comparison)}
+    assert "samples/s" not in rows and "real tokens/s" not in rows  # a request is the unit
+    assert rows["generated tokens/s"][1] == f"{bad['tokens_per_s']:.0f}"

@@ -34,7 +34,15 @@ test). The hand rules, the same for every trace:
   call of HAND_SYNCS inside the steps returns in the gap, else before_first_op if it is the gap
   the window opens in, else launch from the gap's start until the first of the ops that open the
   next busy interval was enqueued (its runtime call, by correlation id, ended, or the first op
-  with its correlation id started, whichever came first) and other after. Within 1e-6 points;
+  with its correlation id started, whichever came first) and other after. Between the DataLoader
+  and host_sync come the host regions, by name: user_annotation spans on a CPU pid (not
+  ProfilerStep#N, enumerate(DataLoader), the optimizer's, nccl:/gloo: collectives or
+  DistributedDataParallel.forward; these traces hold none of the harness's region names in
+  another category) that last > 0, in which no runtime call named like a launch, a copy or a
+  memset (HAND_ENQUEUES) starts, on any thread, and of which at least half is covered by no
+  cpu_op event (any thread); each instant goes to the qualifying span open then that started
+  last (ties: that ends first), less any DataLoader time, and what of it lies in a gap is that
+  region's (a region's time before the launch part's end is not launch's). Within 1e-6 points;
   and the causes sum to 100 less the union of the GPU ops clipped to the window, ÷ window
   (hand_union), within 1e-6 points too.
 - GPU idle % (Holistic Trace Analysis, temporal breakdown): 100 × (1 − |union of kernel,
@@ -43,6 +51,7 @@ test). The hand rules, the same for every trace:
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import math
@@ -109,6 +118,12 @@ HAND_LAUNCHES = ("cudaLaunchKernel", "cudaGraphLaunch", "hipLaunchKernel",
 HAND_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "hipDeviceSynchronize",
               "hipMemcpyWithStream")
 IDLE_TOLERANCE_PCT = 1e-6
+# Runtime calls that enqueue GPU work, by name prefix: every launch, copy and memset name these
+# traces hold (read off a name count).
+HAND_ENQUEUES = (*HAND_LAUNCHES, "cudaMemcpy", "cudaMemset", "hipMemcpy", "hipMemset")
+# user_annotation spans that are no host region: named by their own rules.
+NOT_HOST_REGIONS = ("ProfilerStep#", "enumerate(DataLoader)", "optimizer", "Optimizer.step#",
+                    "nccl:", "gloo:", "DistributedDataParallel.forward")
 
 
 def path_of(name: str) -> Path:
@@ -350,6 +365,36 @@ def test_peak_memory_by_hand():
     assert result["peak_memory_mb"] == pytest.approx(peak / 2**20)
 
 
+def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
+    """The instants each host region holds, by the rule above: (start, end, name), disjoint,
+    by start, before the DataLoader's time is taken out."""
+    gpu_pids = {e["pid"] for e in events if e.get("cat") in GPU_WORK}
+    enqueue_starts = [start(e) for e in events
+                      if e.get("cat") in RUNTIME and e["name"].startswith(HAND_ENQUEUES)]
+    ops = [(start(e), end(e)) for e in events if e.get("cat") == "cpu_op"]
+    regions = []
+    for e in events:
+        if (e.get("cat") != "user_annotation" or e["pid"] in gpu_pids
+                or e["name"].startswith(NOT_HOST_REGIONS) or end(e) <= start(e)):
+            continue
+        a, b = start(e), end(e)
+        if any(a <= x < b for x in enqueue_starts):
+            continue
+        if b - a - hand_union(ops, a, b) >= 0.5 * (b - a):
+            regions.append((a, b, e["name"]))
+    bounds = sorted({t for a, b, _ in regions for t in (a, b)})
+    held: list = []
+    for low, high in zip(bounds, bounds[1:]):
+        open_ = [(a, b, n) for a, b, n in regions if a <= low and b >= high]
+        if open_:
+            owner = max(open_, key=lambda r: (r[0], -r[1]))[2]  # latest start, then first end
+            if held and held[-1][1] == low and held[-1][2] == owner:
+                held[-1][1] = high
+            else:
+                held.append([low, high, owner])
+    return [tuple(h) for h in held]
+
+
 def hand_idle_by_cause(name: str) -> dict[str, float]:
     _, events = raw(name)
     steps = host_steps(events)
@@ -380,8 +425,24 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
     def loading(a: float, b: float) -> float:  # DataLoader time in [a, b]
         return hand_union(loaders, a, b)
 
+    held = hand_host_regions(events)
+    held_starts = [h[0] for h in held]
+
+    def in_regions(a: float, b: float) -> dict[str, float]:  # each region's time in [a, b]
+        found: dict[str, float] = {}
+        k = max(bisect.bisect_right(held_starts, a) - 1, 0)
+        while k < len(held) and held[k][0] < b:
+            s, t, region = held[k]
+            s, t = max(s, a), min(t, b)
+            if t > s:
+                found[region] = found.get(region, 0.0) + t - s - loading(s, t)
+            k += 1
+        return found
+
     found = {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 0.0, "launch": 0.0,
              "other": 0.0}
+    for region in {h[2] for h in held if h[1] > low and h[0] < high}:  # in the window
+        found[region] = 0.0
     opened = False  # whether a gap reaching into the window has been seen
     for k in range(len(merged) + 1):
         gap_start = low if k == 0 else merged[k - 1][1]
@@ -392,7 +453,10 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
         if b <= a:
             continue
         found["dataloader"] += loading(a, b)
-        rest = b - a - loading(a, b)
+        regions = in_regions(a, b)
+        for region, us in regions.items():
+            found[region] += us
+        rest = b - a - loading(a, b) - sum(regions.values())
         # An op is enqueued when its launch call returns, or when the first op of that launch
         # starts, if earlier (a CUDA graph's kernels share the graph launch's id).
         enqueued = [min(launched[c], first_start[c]) for c in openers if c in launched]
@@ -402,7 +466,7 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
             found["before_first_op"] += rest
         else:
             until = min(max(min(enqueued), a), b) if enqueued else a
-            launch = until - a - loading(a, until)
+            launch = until - a - loading(a, until) - sum(in_regions(a, until).values())
             found["launch"] += launch
             found["other"] += rest - launch
     return {cause: 100 * us / (high - low) for cause, us in found.items()}

@@ -151,8 +151,11 @@ def test_run_demos_smoke_report_covers_every_demo(demos_smoke_out):
                    if (d / "bad.py").is_file() and (d / "fixed.py").is_file())
     found = sections((demos_smoke_out / report.REPORT_MD).read_text())
     assert sorted(found) == demos
-    for demo in demos:
-        assert "| samples/s |" in found[demo], demo
+    for demo in demos:  # its throughput row: a training pair's samples/s, an inference one's
+        assert "| samples/s |" in found[demo] or "| requests/s |" in found[demo], demo
+    assert "| generated tokens/s |" in found["llm_decode"]
+    assert "| per token p50 ms |" in found["llm_decode"]
+    assert "| latency p50 ms |" in found["tokenizer_bound"]
     page = (demos_smoke_out / report.REPORT_HTML).read_text()
     assert len(inline_pngs(page)) >= 2 * len(demos)
 
@@ -350,17 +353,20 @@ def test_no_stacked_bar_reaches_past_the_breakdowns_frame():
 
 @needs_reference
 def test_the_idle_bars_are_the_idle_split():
-    """One bar per variant across 0-100 %: GPU busy, then each idle cause, at its own width."""
+    """One bar per variant across 0-100 %: GPU busy, then each idle cause, at its own width (a
+    host region either run has, by name, after the DataLoader: 0 in a run without it)."""
     from common import analyze
     analyses = reference_analyses("dataloader_workers")
     fig = report.idle_figure(analyses, "t")
     ax = fig.axes[0]
-    parts = ("busy", *analyze.IDLE_CAUSES)
+    causes = analyze.idle_causes(*(a.result["gpu"]["idle_by_cause_pct"]
+                                   for a in analyses.values()))
+    parts = ("busy", *causes)
     bars = list(ax.patches)
     assert len(bars) == len(parts) * len(analyses)
     for index, analysis in enumerate(analyses.values()):
         idle = analysis.result["gpu"]["idle_by_cause_pct"]
-        widths = [100 - sum(idle.values())] + [idle[cause] for cause in analyze.IDLE_CAUSES]
+        widths = [100 - sum(idle.values())] + [idle.get(cause, 0.0) for cause in causes]
         mine = [bars[k * len(analyses) + index] for k in range(len(parts))]  # one part at a time
         assert [b.get_width() for b in mine] == pytest.approx(widths, abs=1e-9)
         assert [b.get_x() for b in mine] == pytest.approx(
