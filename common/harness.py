@@ -26,6 +26,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -33,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.profiler import (ProfilerActivity, profile, record_function, schedule,
-                            tensorboard_trace_handler)
+from torch.profiler import (ProfilerActivity, _ExperimentalConfig, profile, record_function,
+                            schedule, tensorboard_trace_handler)
 
 from common import distributed, presets, tensorboard_compat, trace, trace_columns
 
@@ -157,6 +158,9 @@ class Run:
     # per Python call); --cprofile runs the timed phase under cProfile and writes its .prof.
     with_stack: bool = False
     cprofile: bool = False
+    # torch.profiler records the ops of the thread that started it (and autograd's); a demo whose
+    # step hands work to a thread of its own (serve_texts' tokenize_ahead) asks for every thread.
+    profile_all_threads: bool = False
     # An inference demo's clocks per request (generate, serve_texts); None for training.
     requests: Requests | None = None
 
@@ -574,24 +578,40 @@ def generate(run: Run, model: torch.nn.Module, next_token: Callable,
 
 
 def serve_texts(run: Run, model: torch.nn.Module, texts: Sequence[str],
-                tokenize: Callable[[list[str]], list[list[int]]]) -> dict:
+                tokenize: Callable[[list[str]], list[list[int]]], *,
+                tokenize_ahead: bool = False) -> dict:
     """Classify text requests, run.batch_size a step, the texts taken in turn: tokenize the batch
     (`tokenize`, in a record_function("tokenize") region), pad it to its longest (at most
     run.sizes["max_len"] tokens), copy it to the device, classify, and read the labels back to
-    the host, which ends the batch's requests. All of a batch arrive at the step's start, so each
-    request's latency is its step's, on the host clock. Under torch.inference_mode()."""
+    the host, which ends the batch's requests. A request's latency runs from the start of its
+    batch's tokenizing to its answer on the host (host clock). With `tokenize_ahead`, a thread
+    tokenizes the next batch while the model runs this one (worth it only for a tokenizer that
+    releases the GIL, as native code does); a batch then waits for the model one step, and its
+    latency says so. Under torch.inference_mode()."""
     run.requests = Requests()
     max_len = run.sizes["max_len"]
     batches = forever([list(texts[i:i + run.batch_size])
                        for i in range(0, len(texts) - run.batch_size + 1, run.batch_size)])
     run.config.update(inference_mode=True, batch=f"{run.batch_size} requests",
-                      max_tokens=max_len)
+                      max_tokens=max_len, tokenize_ahead=tokenize_ahead)
+
+    def tokenized() -> tuple[float, int, list[list[int]]]:
+        started, requests = time.perf_counter(), next(batches)
+        with record_function("tokenize"):
+            return started, len(requests), tokenize(requests)
+
+    ahead = ThreadPoolExecutor(max_workers=1) if tokenize_ahead else None
+    run.profile_all_threads = tokenize_ahead  # the trace shows the tokenize regions it runs
+    next_batch = []  # the future of the batch being tokenized ahead
 
     def step() -> None:
-        started = time.perf_counter()
-        requests = next(batches)
-        with record_function("tokenize"):
-            ids = tokenize(requests)
+        if ahead:
+            if not next_batch:  # the first step: nothing was tokenized ahead yet
+                next_batch.append(ahead.submit(tokenized))
+            started, count, ids = next_batch.pop().result()
+            next_batch.append(ahead.submit(tokenized))  # runs while the model runs this batch
+        else:
+            started, count, ids = tokenized()
         with torch.inference_mode():
             with record_function("forward"):
                 rows = [torch.tensor(row[:max_len]) for row in ids]
@@ -601,9 +621,13 @@ def serve_texts(run: Run, model: torch.nn.Module, texts: Sequence[str],
                 labels = model(batch).argmax(dim=-1)
             labels.tolist()  # the requests end when their answers are on the host
         latency_ms = (time.perf_counter() - started) * 1000.0
-        run.requests.latency_ms.extend([latency_ms] * len(requests))
+        run.requests.latency_ms.extend([latency_ms] * count)
 
-    return measure(run, step)
+    try:
+        return measure(run, step)
+    finally:
+        if ahead:
+            ahead.shutdown(cancel_futures=True)
 
 
 def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
@@ -670,6 +694,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
         (run.out_dir / f"key_averages{rank_suffix(run)}.txt").write_text(table + "\n")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
+    experimental = all_threads_config(run) if run.profile_all_threads else None
     record_shapes = (run.demo in RECORD_SHAPES_DEMOS if run.record_shapes is None
                      else run.record_shapes)
     profile_memory = (not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
@@ -679,7 +704,8 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
                      schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
                                        active=PROFILE_ACTIVE_STEPS, repeat=1),
                      on_trace_ready=on_trace_ready, record_shapes=record_shapes,
-                     profile_memory=profile_memory, with_stack=run.with_stack) as prof:
+                     profile_memory=profile_memory, with_stack=run.with_stack,
+                     experimental_config=experimental) as prof:
             _, step_ms = clocked_steps(run, step, PROFILED_STEPS, "profiling", after_step=prof.step)
         written = trace.trace_files(staging)
         if len(written) != 1:
@@ -695,6 +721,17 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
     run.config.update(profiler_record_shapes=record_shapes,
                       profiler_profile_memory=profile_memory, profiler_with_stack=run.with_stack)
     return final_path, step_ms[-PROFILE_ACTIVE_STEPS:]
+
+
+def all_threads_config(run: Run):
+    """The profiler's experimental setting that records every thread's ops and regions
+    (profile_all_threads), or None where this torch lacks it: then say what the trace misses."""
+    try:
+        return _ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        log(run, "note: this torch's profiler has no profile_all_threads: what the step's own "
+                 "threads do (their record_function regions) is missing from the trace")
+        return None
 
 
 def require_gpu_kernels(run: Run, events: list[dict]) -> None:
@@ -832,6 +869,9 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         peak_mb = trace.peak_allocated_mb(events, trace.CPU_DEVICE_TYPE)
         peak_source = ("profiler [memory] events: CPU tensor memory allocated during the "
                        "recorded steps (what existed before the profiler started is not counted)")
+        if peak_mb is None and run.profile_all_threads:  # measured with torch 2.14
+            run.notes.append("the profiler recorded every thread (profile_all_threads), and in "
+                             "that mode it writes no memory events: no peak memory on a CPU")
     step_ms_p50 = float(np.percentile(step_ms, 50))
     profiled_step_ms_p50 = float(np.percentile(profiled_ms, 50))
     overhead_ratio = profiled_step_ms_p50 / step_ms_p50

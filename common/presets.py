@@ -204,18 +204,21 @@ PRESETS: dict[str, dict[str, Preset]] = {
     # Inference: a step is one request (batch_size 1: one generation at a time); steps count
     # timed requests, warmup_steps the requests before them.
     "llm_decode": {
-        # GPT-2 small's shape (12 blocks of 768, 12 heads) in BF16 at batch 1: a token's math is
-        # ~0.2 GFLOP, microseconds of H100 time, behind ~300 eager kernels a token that the host
-        # needs several microseconds each to launch, so eager decoding is host bound, the regime
+        # 8 blocks of 2048 (16 heads) and a 32,000-token head in BF16 at batch 1: a token reads
+        # ~0.94 GB of weights, ~0.35 ms of H100 memory bandwidth, behind ~180 eager operators a
+        # token at ~20 us of host time each (~3.5 ms): eager decoding is host bound, the regime
         # gpt-fast measured (Llama-2-7B, A100: 25.5 -> 107 tokens/s with a static cache and
-        # reduce-overhead). 3 warm-up requests: compiling, then recording the CUDA graph.
+        # reduce-overhead). Wide enough that a replayed token (one graph launch, a few tens of us
+        # of host time) keeps the GPU the long side, so fixed is not host bound in turn; at
+        # GPT-2 small's 768 a token's weights take ~50 us, no more than that host time.
+        # 3 warm-up requests: compiling, then recording the CUDA graph.
         "cuda": Preset(batch_size=1, steps=20, warmup_steps=3,
-                       sizes=dict(vocab=32000, d_model=768, heads=12, blocks=8,
+                       sizes=dict(vocab=32000, d_model=2048, heads=16, blocks=8,
                                   prompt_tokens=128, new_tokens=256)),
         # Small enough that the host's cost per operator dominates, as a GPU's launches do at
-        # batch 1: 8 blocks of 64 on one core. A trial on the project's 2-core box (8 blocks,
-        # d_model 64 vs 96 vs 128 with 4 and 12 blocks) gave 1.57x, 1.49x and 1.24x more tokens/s
-        # compiled with a static cache than eager with torch.cat.
+        # batch 1: 8 blocks of 64 on one core. Trials on the project's 2-core box gave 1.57x
+        # (8 blocks of 64), 1.49x (8 of 96) and 1.24x (12 of 128) more tokens/s compiled with a
+        # static cache than eager with torch.cat.
         "cpu": Preset(batch_size=1, steps=30, warmup_steps=2,
                       sizes=dict(vocab=1024, d_model=64, heads=4, blocks=8,
                                  prompt_tokens=32, new_tokens=128)),

@@ -156,6 +156,13 @@ def eager_launch_ms(gpu: dict) -> float:
     return gpu["launch_ms_per_step"] - gpu.get("graph_launch_ms_per_step", 0.0)
 
 
+def host_bound_demo(m: dict) -> str:
+    """The pair that shows the fix for a host-bound loop of this kind: CUDA graphs and fusion on
+    a training step (launch_overhead), or on token-by-token generation, where a static KV cache
+    makes the step capturable (llm_decode). A trace without a backward pass is inference."""
+    return "launch_overhead" if m.get("training", True) else "llm_decode"
+
+
 def launch_to_kernel_ratio(gpu: dict) -> float | None:
     """Launch-call time over kernel time per step when the run is launch bound (most kernels
     short and the launches take at least as long as the kernels), else None. Graph launches
@@ -214,8 +221,11 @@ def rule_launch_overhead(m: dict) -> dict | None:
     elif gpu_underfilled(gpu):  # the timing fits a small batch as well: say both fixes
         fix += ("; or, if the batch is small, a larger one (see demos/small_batch/): the trace "
                 "has no input shapes (record_shapes=True) to tell the two apart")
+    if not m.get("training", True) and not graph_replayed(gpu):
+        fix += ("; for generation, a static KV cache first (preallocated, written in place), so "
+                "every token's step has the same shapes and can be captured")
     return finding("launch_overhead", severity(ratio, LAUNCH_TO_KERNEL_TIME_MIN), evidence, fix,
-                   "launch_overhead")
+                   host_bound_demo(m))
 
 
 def sync_sources(gpu: dict, causes: tuple[str, ...]) -> str:
@@ -381,12 +391,12 @@ def rule_host_overhead(m: dict) -> dict | None:
                "ops with torch.compile, give each call more work (a larger batch, more requests "
                "per call), and move Python loops over tensors into vectorised ops")
     # Severity on the share the GPU is not waiting: "high" when it is half the rule's (waiting
-    # 75 % or more), as twice a 50 % threshold could never be reached. llm_decode shows this
-    # regime: eager token-by-token decoding at batch 1, fixed by a static KV cache and
-    # torch.compile(mode="reduce-overhead").
+    # 75 % or more), as twice a 50 % threshold could never be reached. The pair pointed to
+    # (host_bound_demo): llm_decode for generation (a static KV cache, then
+    # torch.compile(mode="reduce-overhead")), launch_overhead for a training step.
     return finding("host_overhead",
                    severity(100.0 - waits, 100.0 - HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT,
-                            upper_limit=True), evidence, fix, "llm_decode")
+                            upper_limit=True), evidence, fix, host_bound_demo(m))
 
 
 def rule_exposed_communication(m: dict) -> dict | None:

@@ -38,7 +38,7 @@ from common.trace_columns import DATALOADER_REGION  # noqa: E402
 
 DEMOS = ("dataloader_workers", "small_batch", "mixed_precision", "activation_checkpointing",
          "launch_overhead", "item_sync", "naive_attention", "unfused_optimizer", "padding_waste",
-         "ddp_no_sync", "host_roundtrip")
+         "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound")
 DEFAULT_REFERENCE = ROOT / "traces" / "reference" / "h100"
 DEFAULT_OUT_ROOT = ROOT / "demos"
 FIGURE_NAME = "trace.png"
@@ -80,6 +80,9 @@ TENSOR_CORE_ROW = "tensor_cores"  # kernels whose names say tensor cores (kernel
 CUDA_CORE_ROW = "cuda_cores"  # every other kernel
 ATTENTION_ROW = "attention"  # fused attention kernels (kernel_names.ATTENTION_PATTERN)
 NOT_ATTENTION_ROW = "not_attention"  # every other kernel
+# A row of the user's record_function ranges of one name (the trace's user_annotation spans, as
+# the analyzer's host regions read them): "region:tokenize".
+REGION_ROW_PREFIX = "region:"
 CPU_ROWS = report.TIMELINE_ROWS
 ROW_LABELS = {DATALOADER_REGION: "enumerate(DataLoader)", SYNC_ROW: "host waits (sync)",
               COLLECTIVE_ROW: "all-reduce calls", GPU_ROW: "GPU kernels",
@@ -183,6 +186,17 @@ ZOOMS = {
     # run (it is not in the H100 reference yet): check it against the first one.
     "host_roundtrip": Zoom(HOST, ("forward", SYNC_ROW, "backward", "optimizer", GPU_ROW),
                            steps=1, what="one step of bad"),
+    # 5 ms of decoding, from 10 ms into the first request (after the 128-token prompt's pass):
+    # bad's GPU row a comb of kernel slivers, a token's ~170 kernels each launched on its own;
+    # fixed's a dense block a token (one CUDA graph launch each), many tokens in the same 5 ms.
+    # Chosen before the pair had a GPU run (not in the H100 reference yet): check it then.
+    "llm_decode": Zoom(HOST, ("region:decode", GPU_ROW), start_ms=10.0, width_ms=5.0,
+                       what="5 ms of decoding"),
+    # One batch of bad: the tokenize region holds most of it with the GPU idle, the model's
+    # forward a short burst after it; fixed's whole batch fits in bad's tokenizing. Chosen
+    # before the pair had a GPU run: check it then.
+    "tokenizer_bound": Zoom(HOST, ("region:tokenize", "forward", GPU_ROW), steps=1,
+                            what="one batch of bad"),
 }
 
 
@@ -274,6 +288,22 @@ def headline_host_roundtrip(variant: str, result: dict, summary: dict) -> str:
             f"{gpu['sync_idle_pct']:.1f} % of the steps in gaps a sync returns in")
 
 
+def headline_llm_decode(variant: str, result: dict, summary: dict) -> str:
+    gpu, tokens = result["gpu"], summary["config"]["new_tokens"]
+    graphs = gpu.get("graph_launches_per_step", 0.0)
+    return (f"{variant}: {summary['tokens_per_s']:,.0f} generated tokens/s; a token is "
+            f"{gpu['kernels_per_step'] / tokens:.0f} kernels from "
+            f"{gpu['launches_per_step'] / tokens:.1f} launch calls"
+            + (f" ({graphs / tokens:.1f} of them CUDA graph launches)" if graphs else ""))
+
+
+def headline_tokenizer_bound(variant: str, result: dict, summary: dict) -> str:
+    region = (result.get("host_regions") or {}).get("tokenize") or {}
+    return (f"{variant}: tokenizing {region.get('ms_per_step', 0.0):,.1f} ms of a "
+            f"{step_ms(result):,.1f} ms batch; the GPU idles {region.get('gpu_idle_pct') or 0:.0f} "
+            f"% of the steps while it runs")
+
+
 HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "small_batch": headline_small_batch,
              "mixed_precision": headline_mixed_precision,
@@ -284,6 +314,8 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "unfused_optimizer": headline_unfused_optimizer,
              "padding_waste": headline_padding_waste,
              "host_roundtrip": headline_host_roundtrip,
+             "llm_decode": headline_llm_decode,
+             "tokenizer_bound": headline_tokenizer_bound,
              "ddp_no_sync": headline_ddp_no_sync}
 
 
@@ -362,6 +394,9 @@ def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
         return analysis.kernel_busy
     if key == GPU_OPTIMIZER_ROW:
         return columns.gpu_optimizer
+    if key.startswith(REGION_ROW_PREFIX):
+        named = columns.annotation_names == key.removeprefix(REGION_ROW_PREFIX)
+        return Spans(columns.annotations.start[named], columns.annotations.end[named])
     if key in KERNEL_CLASSES or key in KERNEL_COMPLEMENTS:
         named = KERNEL_CLASSES[KERNEL_COMPLEMENTS.get(key, key)]
         chosen = np.array([named(n) for n in columns.kernel_name_table],
@@ -463,7 +498,9 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
         share = panel.rows[key]
         # Rows grow up from their baseline (y + 0.4: the y axis runs top down).
         ax.fill_between(data.edges_ms, y + 0.4, y + 0.4 - ROW_FILL * np.r_[share, share[-1]],
-                        step="post", lw=0, color=ROW_COLORS.get(key, GPU_COLOR))
+                        step="post", lw=0, color=ROW_COLORS.get(
+                            key, report.HOST_REGION_COLORS[0] if key.startswith(REGION_ROW_PREFIX)
+                            else GPU_COLOR))
     if GPU_ROW in keys and SYNC_ROW in keys:  # the gaps the syncs leave on the GPU, shaded
         y = keys.index(GPU_ROW)
         for start, end in zip(panel.sync_gaps_ms.start, panel.sync_gaps_ms.end):
@@ -476,7 +513,7 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
         ax.text((max(panel.end_ms, low) + high) / 2, (len(keys) - 1) / 2,
                 f"{panel.variant}'s profiled steps end here", ha="center", va="center",
                 fontsize=8, color="#757575")
-    labels = [ROW_LABELS.get(key, key) for key in keys]
+    labels = [ROW_LABELS.get(key, key.removeprefix(REGION_ROW_PREFIX)) for key in keys]
     labels = [f"{label}\n(busy {panel.gpu_busy_pct:.0f} % here)" if key == GPU_ROW else label
               for label, key in zip(labels, keys)]
     if SYNC_ROW in keys:

@@ -50,6 +50,12 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
         analysis = analyze.analyze_trace(run_dir)
         assert analysis["device"] == "cuda", f"{variant}: no GPU activity in the trace"
         assert analysis["gpu"]["kernels_per_step"] > 0, variant
+        if demo == "llm_decode":  # fixed replays each token as a CUDA graph, bad never does
+            graphs = analysis["gpu"]["graph_launches_per_step"]
+            tokens = summary["config"]["new_tokens"]
+            assert graphs >= tokens - 1 if variant == "fixed" else graphs == 0, (variant, graphs)
+        if demo == "tokenizer_bound" and variant == "bad":  # the GPU waits while it tokenizes
+            assert analysis["host_regions"]["tokenize"]["gpu_idle_pct"] > 0
         if demo == "host_roundtrip":  # its syncs are structural: the same count at any size
             syncs = analysis["gpu"]["syncs_per_step"]
             assert syncs >= 5 if variant == "bad" else syncs == 0, (variant, syncs)

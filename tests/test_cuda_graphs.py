@@ -108,6 +108,24 @@ def test_launch_overhead_fires_on_the_eager_twin_only(tmp_path):
     assert "0.50 ms in CUDA graph launches aside" in found["evidence"]
 
 
+def test_a_host_bound_loop_points_at_the_pair_of_its_kind(tmp_path):
+    """The eager twin has no backward pass: inference, whose launch-bound loop is token-by-token
+    generation's (llm_decode: a static KV cache, then CUDA graphs). The same numbers from a
+    training step point at launch_overhead, and say nothing of a KV cache."""
+    from common import verdicts
+    m = analysed(tmp_path, eager_steps())
+    assert m["training"] is False
+    found = verdicts.rule_launch_overhead(m)
+    assert found["demo"] == "llm_decode" and "static KV cache" in found["fix"]
+    trained = verdicts.rule_launch_overhead({**m, "training": True})
+    assert trained["demo"] == "launch_overhead" and "KV cache" not in trained["fix"]
+    host_bound = {**m, "gpu": {**m["gpu"], "launch_ms_per_step": 0.0, "idle_by_cause_pct": {
+        **m["gpu"]["idle_by_cause_pct"], "launch": 60.0}}}
+    assert verdicts.rule_host_overhead(host_bound)["demo"] == "llm_decode"
+    assert verdicts.rule_host_overhead({**host_bound, "training": True})["demo"] == (
+        "launch_overhead")
+
+
 def eager_host_fix(tmp_path) -> str:
     """host_overhead's fix where no kernel is replayed from a graph: the eager twin's metrics,
     made host bound without being launch bound (no launch-call time, the GPU waiting 60 % of the

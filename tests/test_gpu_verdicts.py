@@ -74,9 +74,12 @@ def test_a_small_batch_is_named_small_batch_and_points_to_launch_overhead(tmp_pa
 def test_many_small_ops_at_a_large_batch_are_launch_overhead(tmp_path):
     """The same timing from an MLP of tiny elementwise kernels at batch 64 (the launch_overhead
     demo): the batch is not what leaves the kernels empty."""
-    result = analysed(tmp_path, gpu_run([("aten::linear", MLP_LINEAR_BATCH_64)] * 4,
+    # A backward region in each step: a training step, whose fix the launch_overhead pair shows
+    # (the same trace without one is inference, pointed at llm_decode: test_cuda_graphs.py).
+    result = analysed(tmp_path, gpu_run([("aten::linear", MLP_LINEAR_BATCH_64)] * 4
+                                        + [("backward", [])],
                                         kernel_name=ELEMENTWISE, **UNDERFILLED_LAUNCH_BOUND))
-    assert result["input_batch"] == 64
+    assert result["input_batch"] == 64 and result["training"] is True
     assert [f["id"] for f in result["findings"]] == ["launch_overhead"]
     found = by_id(result)["launch_overhead"]
     assert found["demo"] == "launch_overhead" and "torch.compile" in found["fix"]

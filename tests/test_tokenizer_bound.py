@@ -1,6 +1,6 @@
-"""tokenizer_bound: both tokenizers give the demo's requests the same ids; each step tokenizes its
-batch in one `tokenize` region and reads its answers back; the summaries rate the pair by
-requests/s and latency; the analyzer names the region on bad's trace."""
+"""tokenizer_bound: both tokenizers give the demo's requests the same ids; bad tokenizes each
+batch in its step, fixed on a thread one batch ahead; the summaries rate the pair by requests/s
+and latency; the analyzer names the tokenize region on bad's trace, not on fixed's."""
 from __future__ import annotations
 
 import pytest
@@ -35,33 +35,39 @@ def test_the_smoke_runs_write_serving_summaries(demos_smoke_out):
         assert summary["requests_per_s"] == pytest.approx(summary["samples_per_s"], rel=1e-9)
         latency = summary["latency_ms"]
         assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
-        # A request's latency lies inside its step, and the steps inside the timed wall clock.
-        assert latency["max"] <= summary["timed_wall_s"] * 1000.0
+        # A request's latency spans its step (two with tokenize_ahead: its batch is tokenized
+        # during the step before), and the steps lie inside the timed wall clock.
+        assert latency["max"] <= summary["timed_wall_s"] * 1000.0 * (
+            2 if summary["config"]["tokenize_ahead"] else 1)
         assert "per_token_ms" not in summary and summary["tokens_per_s"] is None
 
 
-def region_spans_per_step(out, variant: str) -> float:
+def tokenize_regions(out, variant: str) -> tuple[list[dict], set]:
+    """The trace's tokenize spans, and the threads its ProfilerStep spans are on."""
     events = trace.load_trace(trace.newest_trace(out / "tokenizer_bound" / variant))["traceEvents"]
-    steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
-    return sum(1 for e in events if e.get("name") == "tokenize" and e.get("ph") == "X") / steps
+    steps = {e["tid"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+    return [e for e in events if e.get("name") == "tokenize" and e.get("ph") == "X"], steps
 
 
-def test_each_step_tokenizes_its_batch_in_one_region(demos_smoke_out):
-    assert region_spans_per_step(demos_smoke_out, "bad") == 1
-    assert region_spans_per_step(demos_smoke_out, "fixed") == 1
+def test_bad_tokenizes_in_the_step_and_fixed_on_a_thread_ahead(demos_smoke_out):
+    regions, step_threads = tokenize_regions(demos_smoke_out, "bad")
+    assert len(regions) == 3 and {e["tid"] for e in regions} == step_threads  # one a step
+    # fixed's tokenizing runs on a thread of its own, recorded (profile_all_threads) while the
+    # model runs: how many of its spans fall in the 3 recorded steps depends on their timing.
+    regions, step_threads = tokenize_regions(demos_smoke_out, "fixed")
+    assert regions and not {e["tid"] for e in regions} & step_threads
+    assert read_summary(demos_smoke_out, "tokenizer_bound", "fixed")["config"]["tokenize_ahead"]
 
 
-def test_the_analyzer_names_the_tokenize_region_of_bad(demos_smoke_out):
+def test_the_analyzer_names_the_tokenize_region_of_bad_only(demos_smoke_out):
     bad, fixed = (analyze.analyze_trace(demos_smoke_out / "tokenizer_bound" / v)
                   for v in ("bad", "fixed"))
     found = {f["id"]: f for f in bad["findings"]}
     assert "host_region" in found and "'tokenize'" in found["host_region"]["evidence"]
     assert found["host_region"]["demo"] == "tokenizer_bound"
-    # fixed tokenizes the same texts in a fraction of the time. Whether its smaller share stays
-    # under the rule's 20 % at smoke sizes depends on how fast Rust's threads wake for 4 texts
-    # (0.5-0.7 ms measured), so the walkthrough quotes the CPU preset's verdicts instead.
-    assert fixed["host_regions"]["tokenize"]["ms_per_step"] < (
-        bad["host_regions"]["tokenize"]["ms_per_step"] / 3)
+    # fixed's tokenizing overlaps the model's operators on the main thread: no host region.
+    assert "tokenize" not in (fixed["host_regions"] or {})
+    assert "host_region" not in [f["id"] for f in fixed["findings"]]
 
 
 def test_compare_rates_the_pair_by_requests_and_latency(demos_smoke_out):
@@ -73,4 +79,6 @@ def test_compare_rates_the_pair_by_requests_and_latency(demos_smoke_out):
         fixed["latency_ms"]["p50"] / bad["latency_ms"]["p50"])
     words = compare.headline(comparison)
     assert words.startswith(f"{comparison['speedup']:.2f}x more requests/s, ")
-    assert f"{1 / comparison['latency_ratio']:.2f}x lower p50 latency" in words
+    latency = comparison["latency_ratio"]  # at smoke sizes tokenizing ahead may cost latency
+    assert (f"{1 / latency:.2f}x lower p50 latency" if latency <= 1
+            else f"{latency:.2f}x higher p50 latency (worse)") in words

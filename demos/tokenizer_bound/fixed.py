@@ -13,7 +13,8 @@ def main() -> None:
     def tokenize(texts: list[str]) -> list[list[int]]:
         return bpe.rust_encode_batch(tokenizer, texts)  # compiled, the batch across all cores
 
-    harness.serve_texts(run, model, data.request_texts(run), tokenize)
+    # Rust releases the GIL: a thread tokenizes the next batch while the model runs this one.
+    harness.serve_texts(run, model, data.request_texts(run), tokenize, tokenize_ahead=True)
 
 
 if __name__ == "__main__":
