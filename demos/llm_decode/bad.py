@@ -1,5 +1,5 @@
-"""Eager decoding with a growing KV cache (bad): each generated token runs the model's ~25 small
-operators a block one by one, and torch.cat copies every block's keys and values into new, larger
+"""Eager decoding with a growing KV cache (bad): each generated token runs every block's small
+operators one by one, and torch.cat copies every block's keys and values into new, larger
 tensors. At batch 1 a token's math is tiny: on a GPU it waits for the host to enqueue each of
 hundreds of kernels. See README.md in this folder."""
 from common import data, harness, models
