@@ -12,11 +12,17 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import accumulate
 
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+try:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+except ModuleNotFoundError:  # an interpreter of its own (PYTHON=...) may lack it: one line, exit 2
+    print("error: tokenizer_bound needs Hugging Face tokenizers: pip install tokenizers",
+          file=sys.stderr)
+    sys.exit(2)
 
 PAD_TOKEN = "[PAD]"  # id 0 (first special token): padding is what a batch holds most of
 UNK_TOKEN = "[UNK]"  # id 1: a character the training texts never had

@@ -156,10 +156,14 @@ def eager_launch_ms(gpu: dict) -> float:
     return gpu["launch_ms_per_step"] - gpu.get("graph_launch_ms_per_step", 0.0)
 
 
-def host_bound_demo(m: dict) -> str:
+def host_bound_demo(m: dict) -> str | None:
     """The pair that shows the fix for a host-bound loop of this kind: CUDA graphs and fusion on
     a training step (launch_overhead), or on token-by-token generation, where a static KV cache
-    makes the step capturable (llm_decode). A trace without a backward pass is inference."""
+    makes the step capturable (llm_decode). A trace without a backward pass is inference. None
+    where the step is already replayed from CUDA graphs: both pairs' fix is in place, and what
+    is left (the host's work between the replays) no pair shows."""
+    if graph_replayed(m["gpu"]):
+        return None
     return "launch_overhead" if m.get("training", True) else "llm_decode"
 
 

@@ -321,8 +321,9 @@ def test_each_verdict_fires_on_its_case_alone(tmp_path, rule_id):
     assert [f["id"] for f in result["findings"]] == [rule_id]
     found = result["findings"][0]
     assert found["severity"] in ("high", "medium") and found["fix"]
+    # (these traces have no backward pass: a host-bound one points at the inference pair)
     assert found["demo"] in ("dataloader_workers", "small_batch", "mixed_precision",
-                             "activation_checkpointing", "launch_overhead", "item_sync")
+                             "activation_checkpointing", "llm_decode", "item_sync")
     assert any(ch.isdigit() for ch in found["evidence"])  # evidence states the numbers
 
 

@@ -37,14 +37,24 @@ def comparison(gpu: str, demo: str) -> dict:
 
 def verdict_demos() -> set[str]:
     """The demos the rules in verdicts.RULES name as their lesson: the `demo` argument (the last)
-    of every finding(...) call in them."""
+    of every finding(...) call in them: a name, None, one of two by a condition (training or
+    inference), or what a function of verdicts.py called there returns."""
     demos = set()
+
+    def names(tree: ast.AST) -> set[str]:
+        return {const.value for const in ast.walk(tree)
+                if isinstance(const, ast.Constant) and isinstance(const.value, str)}
+
     for rule in verdicts.RULES:
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(rule)))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "finding":
-                # a name, None, or one of two by a condition (training or inference)
-                demos |= {const.value for const in ast.walk(node.args[-1])
-                          if isinstance(const, ast.Constant) and isinstance(const.value, str)}
+                demo = node.args[-1]
+                if isinstance(demo, ast.Call):  # e.g. host_bound_demo(m): its return values
+                    chooser = ast.parse(inspect.getsource(getattr(verdicts, demo.func.id)))
+                    demos |= {name for ret in ast.walk(chooser) if isinstance(ret, ast.Return)
+                              for name in names(ret)}
+                else:
+                    demos |= names(demo)
     return demos
 
 

@@ -65,9 +65,12 @@ def test_the_analyzer_names_the_tokenize_region_of_bad_only(demos_smoke_out):
     found = {f["id"]: f for f in bad["findings"]}
     assert "host_region" in found and "'tokenize'" in found["host_region"]["evidence"]
     assert found["host_region"]["demo"] == "tokenizer_bound"
-    # fixed's tokenizing overlaps the model's operators on the main thread: no host region.
-    assert "tokenize" not in (fixed["host_regions"] or {})
+    # fixed's tokenizing runs on its thread while the main thread runs the model's operators:
+    # what little of it the model does not cover (7.5 % of the window at smoke sizes, measured)
+    # is far from the rule's 20 %.
     assert "host_region" not in [f["id"] for f in fixed["findings"]]
+    left = (fixed["host_regions"] or {}).get("tokenize", {}).get("pct", 0.0)
+    assert left < bad["host_regions"]["tokenize"]["pct"] / 3
 
 
 def test_compare_rates_the_pair_by_requests_and_latency(demos_smoke_out):
@@ -82,3 +85,17 @@ def test_compare_rates_the_pair_by_requests_and_latency(demos_smoke_out):
     latency = comparison["latency_ratio"]  # at smoke sizes tokenizing ahead may cost latency
     assert (f"{1 / latency:.2f}x lower p50 latency" if latency <= 1
             else f"{latency:.2f}x higher p50 latency (worse)") in words
+
+
+def test_without_tokenizers_the_pair_stops_in_one_line():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    hide = ("import runpy, sys; sys.modules['tokenizers'] = None; "  # as if not installed
+            "runpy.run_path('demos/tokenizer_bound/fixed.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == ("error: tokenizer_bound needs Hugging Face tokenizers: "
+                             "pip install tokenizers\n")
