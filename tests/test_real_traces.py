@@ -39,8 +39,8 @@ test). The hand rules, the same for every trace:
   ProfilerStep#N, enumerate(DataLoader), the optimizer's, nccl:/gloo: collectives or
   DistributedDataParallel.forward; these traces hold none of the harness's region names in
   another category) that last > 0, in which no runtime call named like a launch, a copy or a
-  memset (HAND_ENQUEUES) starts, on any thread, and of which at least half is covered by no
-  cpu_op event (any thread); each instant goes to the qualifying span open then that started
+  memset (HAND_ENQUEUES) starts, on any thread, and of which at least four fifths is covered by
+  no cpu_op event and no collective span (nccl:, gloo:, ...; any thread); each instant goes to the qualifying span open then that started
   last (ties: that ends first), less any DataLoader time, and what of it lies in a gap is that
   region's (a region's time before the launch part's end is not launch's). Within 1e-6 points;
   and the causes sum to 100 less the union of the GPU ops clipped to the window, ÷ window
@@ -121,6 +121,8 @@ IDLE_TOLERANCE_PCT = 1e-6
 # Runtime calls that enqueue GPU work, by name prefix: every launch, copy and memset name these
 # traces hold (read off a name count).
 HAND_ENQUEUES = (*HAND_LAUNCHES, "cudaMemcpy", "cudaMemset", "hipMemcpy", "hipMemset")
+# Collective calls by name prefix (a rank waiting for the others is no host work).
+HAND_COLLECTIVES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:")
 # user_annotation spans that are no host region: named by their own rules.
 NOT_HOST_REGIONS = ("ProfilerStep#", "enumerate(DataLoader)", "optimizer", "Optimizer.step#",
                     "nccl:", "gloo:", "DistributedDataParallel.forward")
@@ -371,7 +373,9 @@ def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
     gpu_pids = {e["pid"] for e in events if e.get("cat") in GPU_WORK}
     enqueue_starts = [start(e) for e in events
                       if e.get("cat") in RUNTIME and e["name"].startswith(HAND_ENQUEUES)]
-    ops = [(start(e), end(e)) for e in events if e.get("cat") == "cpu_op"]
+    ops = [(start(e), end(e)) for e in events if e.get("cat") == "cpu_op"
+           or (e.get("ph") == "X" and e["pid"] not in gpu_pids
+               and str(e.get("name", "")).startswith(HAND_COLLECTIVES))]
     regions = []
     for e in events:
         if (e.get("cat") != "user_annotation" or e["pid"] in gpu_pids
@@ -380,7 +384,7 @@ def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
         a, b = start(e), end(e)
         if any(a <= x < b for x in enqueue_starts):
             continue
-        if b - a - hand_union(ops, a, b) >= 0.5 * (b - a):
+        if b - a - hand_union(ops, a, b) >= 0.8 * (b - a):
             regions.append((a, b, e["name"]))
     bounds = sorted({t for a, b, _ in regions for t in (a, b)})
     held: list = []
