@@ -83,6 +83,10 @@ def test_the_smoke_runs_write_inference_summaries(demos_smoke_out):
         # A request's host latency holds its tokens: its first, and new_tokens - 1 later ones.
         assert summary["time_to_first_token_ms"]["p50"] < latency["max"]
         assert summary["per_token_ms"]["p50"] * (new_tokens - 1) < latency["max"]
+    # fixed compiles its one-token step once, in the warm-up: every later token reuses it (a
+    # position passed as a Python int, or a shape that grows, would compile again and again)
+    compiled = read_summary(demos_smoke_out, "llm_decode", "fixed")["extra"]
+    assert compiled["dynamo_frames_compiled"] == {"warmup": 1, "timed_and_profiled": 0}
 
 
 def cat_calls_per_step(out, variant: str) -> float:
