@@ -253,7 +253,9 @@ class TextClassifier(torch.nn.Module):
         x = self.embed(tokens) + self.position[:tokens.size(1)]
         x = self.encoder(x, src_key_padding_mask=padding)
         real = (~padding).unsqueeze(-1).to(x.dtype)
-        return self.head((x * real).sum(dim=1) / real.sum(dim=1))  # mean over real tokens
+        # mean over real tokens, summed in FP32: BF16 counts no integer above 256 exactly
+        mean = (x * real).sum(dim=1, dtype=torch.float32) / real.sum(dim=1, dtype=torch.float32)
+        return self.head(mean.to(x.dtype))
 
 
 def text_classifier(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -231,8 +231,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
     # tokenizing all of them, as truncating pipelines do.
     "tokenizer_bound": {
         # A BERT-large-wide encoder (12 blocks of 1024) in BF16 over 256 x 512 tokens: ~40 TFLOP
-        # a batch, ~100 ms of H100, long enough to hide the Rust tokenizer's threads (~10 ms for
-        # 256 texts on 16 cores) and short beside one Python thread's ~0.8 s for the same texts.
+        # a batch, ~100 ms of H100 by its FLOPs (more: a padding mask keeps attention unfused),
+        # long enough to hide the Rust tokenizer's threads (~10 ms for 256 texts on 16 cores)
+        # and short beside one Python thread's ~0.8 s for the same texts.
         "cuda": Preset(batch_size=256, steps=20, warmup_steps=3,
                        sizes=dict(vocab=8000, d_model=1024, heads=16, blocks=12, max_len=512,
                                   num_classes=2, words=800)),
