@@ -385,7 +385,7 @@ def host_region_lines(regions: dict) -> list[str]:
                    if region["gpu_idle_pct"] is not None else "") + ")"
                 for name, region in shown)
             + (f"; {more} more in --json" if more else "")
-            + " (record_function ranges that enqueue no GPU work, mostly outside operators)"]
+            + " (record_function ranges that enqueue no GPU work, almost all outside operators)"]
 
 
 def python_lines(python: dict | None) -> list[str]:

@@ -257,7 +257,6 @@ def staged_features(run) -> list[tuple[torch.Tensor, torch.Tensor]]:
 # a long tail). sigma 1.0: the longest of 32 is typically ~7x the median.
 TEXT_LENGTH_SIGMA = 1.0
 TEXT_MIN_TOKENS = 4
-PAD_TOKEN = 0  # token id 0 is padding; texts use 1..vocab-1
 
 
 @dataclass
@@ -274,7 +273,7 @@ class Texts:
 def variable_length_texts(run) -> Texts:
     """One text per sample the run trains on (run.total_steps batches: one epoch), lengths
     log-normal around sizes["median_len"] and clipped to [TEXT_MIN_TOKENS, sizes["max_len"]],
-    random tokens and labels, all from run.seed."""
+    random tokens (1..vocab-1: harness.PAD_TOKEN_ID is padding) and labels, from run.seed."""
     sizes = run.sizes
     rng = np.random.default_rng(run.seed)
     count = run.batch_size * run.total_steps
@@ -308,8 +307,7 @@ def padded_batches(run, texts: Texts, order: np.ndarray
     for start in range(0, len(order), run.batch_size):
         chosen = order[start:start + run.batch_size]
         rows = [texts.tokens[i] for i in chosen]
-        tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=PAD_TOKEN)
-        mask = tokens == PAD_TOKEN
+        tokens, mask = harness.padded(rows)
         batches.append(((tokens.to(run.device), mask.to(run.device)),
                         texts.labels[chosen].to(run.device)))
         counts.append((int(sum(len(r) for r in rows)), int(tokens.numel())))

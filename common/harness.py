@@ -47,7 +47,9 @@ DEFAULT_OUT = REPO_ROOT / "traces"
 PROFILE_WAIT_STEPS = 1
 PROFILE_WARMUP_STEPS = 1
 PROFILE_ACTIVE_STEPS = 3
-PAD_TOKEN_ID = 0  # serve_texts pads with token id 0 (the tokenizers' [PAD], data.PAD_TOKEN)
+# Token id 0 is padding in every text batch (padding_waste's random texts use 1..vocab-1;
+# tokenizer_bound's tokenizers number their [PAD] first).
+PAD_TOKEN_ID = 0
 PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines in a long phase
 KEY_AVERAGES_ROWS = 25  # rows of the operator table in key_averages.txt
@@ -577,6 +579,13 @@ def generate(run: Run, model: torch.nn.Module, next_token: Callable,
     return measure(run, step)
 
 
+def padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D token tensors padded with PAD_TOKEN_ID to the longest: (tokens [rows, longest],
+    padding mask [rows, longest], True at padding), on the host."""
+    tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=PAD_TOKEN_ID)
+    return tokens, tokens == PAD_TOKEN_ID
+
+
 def serve_texts(run: Run, model: torch.nn.Module, texts: Sequence[str],
                 tokenize: Callable[[list[str]], list[list[int]]], *,
                 tokenize_ahead: bool = False) -> dict:
@@ -614,11 +623,8 @@ def serve_texts(run: Run, model: torch.nn.Module, texts: Sequence[str],
             started, count, ids = tokenized()
         with torch.inference_mode():
             with record_function("forward"):
-                rows = [torch.tensor(row[:max_len]) for row in ids]
-                tokens = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True,
-                                                         padding_value=PAD_TOKEN_ID)
-                batch = (tokens.to(run.device), (tokens == PAD_TOKEN_ID).to(run.device))
-                labels = model(batch).argmax(dim=-1)
+                tokens, padding = padded([torch.tensor(row[:max_len]) for row in ids])
+                labels = model((tokens.to(run.device), padding.to(run.device))).argmax(dim=-1)
             labels.tolist()  # the requests end when their answers are on the host
         latency_ms = (time.perf_counter() - started) * 1000.0
         run.requests.latency_ms.extend([latency_ms] * count)
@@ -913,7 +919,8 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
 
 
 def speed_words(summary: dict) -> str:
-    """What a run's speed is read from: generated tokens/s, requests/s, real tokens/s or samples/s."""
+    """What a run's speed is read from: generated tokens/s, requests/s, real tokens/s or
+    samples/s."""
     if summary["unit"] == "request":
         return ("generated tokens/s" if summary["rated_by"]["throughput"] == "tokens_per_s"
                 else "requests/s")
@@ -1009,8 +1016,9 @@ def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
                  + ("" if peak is None else f", {summary['bf16_peak_pct']:.1f} % of the GPU's "
                                             f"dense BF16 peak ({peak:.0f} TFLOPS)"))
     if summary["unit"] == "request":
-        log(run, f"request latency (host clock) p50 "
-                 f"{summary['latency_ms']['p50']:.1f} ms, p99 {summary['latency_ms']['p99']:.1f} ms")
+        latency = summary["latency_ms"]
+        log(run, f"request latency (host clock) p50 {latency['p50']:.1f} ms, "
+                 f"p99 {latency['p99']:.1f} ms")
         if "per_token_ms" in summary:
             log(run, f"{summary['tokens_per_s']:.0f} generated tokens/s | per token p50 "
                      f"{summary['per_token_ms']['p50']:.2f} ms, p99 "

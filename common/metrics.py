@@ -33,7 +33,8 @@ from common.trace_columns import (
 #   syncs        host syncs in the steps, each the cause of the operator that issued it, and the
 #                GPU idle in the gaps they return in (common/syncs.py).
 #   host regions record_function ranges that are host work: while one is open no GPU work is
-#                enqueued, and for at least half its time no operator runs (host_regions).
+#                enqueued, and for at least four fifths of its time no operator or collective
+#                call runs (host_regions).
 #   idle causes  each idle instant of the GPU in the window goes to the first that holds of:
 #                DataLoader (a __next__ span is open), a host region (by name, the innermost),
 #                host sync (a sync returns in its gap), launch (the gap's next GPU op was
@@ -283,7 +284,8 @@ def copy_metrics(columns: TraceColumns, copied: tuple[np.ndarray, np.ndarray],
     each copy down paired once."""
     calls, copies = copied  # copy_calls'
     duration_ms = (columns.memcpy.end - columns.memcpy.start)[copies] / US_PER_MS
-    megabytes = sizes(columns, copies) / BYTES_PER_MB
+    size_of = sizes(columns, copies)
+    megabytes = size_of / BYTES_PER_MB
     per_direction = {}
     for direction, mask in (("h2d", columns.memcpy_h2d[copies]),
                             ("d2h", columns.memcpy_d2h[copies])):
@@ -295,7 +297,6 @@ def copy_metrics(columns: TraceColumns, copied: tuple[np.ndarray, np.ndarray],
             "ms": float(duration_ms[mask].sum()) / n_steps}
     round_trips = 0
     step_of = runtime_step[calls]
-    size_of = sizes(columns, copies)
     for step in np.unique(step_of):
         mine = step_of == step
         waiting: list[float] = []  # bytes of this step's copies down not yet answered

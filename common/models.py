@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torchvision
 
-from common import data, harness
+from common import harness
 
 SGD_LR = 0.1  # torchvision's ResNet reference recipe (batch 256)
 SGD_MOMENTUM = 0.9
@@ -239,7 +239,7 @@ class TextClassifier(torch.nn.Module):
     def __init__(self, vocab: int, d_model: int, heads: int, blocks: int, max_len: int,
                  num_classes: int):
         super().__init__()
-        self.embed = torch.nn.Embedding(vocab, d_model, padding_idx=data.PAD_TOKEN)
+        self.embed = torch.nn.Embedding(vocab, d_model, padding_idx=harness.PAD_TOKEN_ID)
         self.position = torch.nn.Parameter(torch.zeros(max_len, d_model))
         self.encoder = torch.nn.TransformerEncoder(
             torch.nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model,
@@ -285,7 +285,8 @@ class GrowingKVCache(torch.nn.Module):
         """Append this step's [1, heads, t, head_dim] keys and values; returns the cache's and no
         mask (every cached position is visible)."""
         if self.keys is not None:
-            keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
+            keys = torch.cat([self.keys, keys], dim=2)
+            values = torch.cat([self.values, values], dim=2)
         self.keys, self.values = keys, values
         return keys, values, None
 

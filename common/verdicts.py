@@ -67,9 +67,9 @@ DDP_SYNCED_MICRO_BATCHES_MIN = 2  # micro-batches per step that end in an all-re
 HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT = 50.0  # % of the window the GPU waits for an enqueue
 HOST_OVERHEAD_OPERATORS_SHOWN = 3  # operators named in its evidence, by self time per step
 # Host regions (metrics.host_regions: a record_function range that enqueues no GPU work and runs
-# mostly outside PyTorch operators, a tokenizer say): one region is the cause of this share of the
-# window's GPU idle time (on a CPU-only trace: holds this share of the window). A fifth of the
-# window waiting on host work, as the DataLoader's 20 % is a fifth waiting on data.
+# almost all outside PyTorch operators, a tokenizer say): one region is the cause of this share
+# of the window's GPU idle time (on a CPU-only trace: holds this share of the window). A fifth
+# of the window waiting on host work, as the DataLoader's 20 % is a fifth waiting on data.
 HOST_REGION_MIN_PCT = DATALOADER_SHARE_MIN_PCT  # % of the window
 # CUDA graphs: when at least this share of the window's kernels are replayed by graph launches
 # (gpu.graph_kernels_per_step of kernels_per_step: "most"), the step is already captured, and the

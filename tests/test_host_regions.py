@@ -1,7 +1,7 @@
 """Host regions (metrics.host_regions): a record_function range that enqueues no GPU work and
-spends at least half its time outside PyTorch operators is host work, a cause of the GPU's idle
-time by its own name (after the DataLoader, before host syncs), a share of the window on a trace
-without a GPU, and the host_region verdict. Hand-built traces whose numbers are worked out in
+spends at least four fifths of its time outside PyTorch operators and collective calls is host
+work, a cause of the GPU's idle time by its own name (after the DataLoader, before host syncs),
+a share of the window on a trace without a GPU, and the host_region verdict. Hand-built traces whose numbers are worked out in
 each test's docstring (µs after T0)."""
 from __future__ import annotations
 
