@@ -61,10 +61,15 @@ AMD_DEVICE_MARKERS = ("AMD", "Radeon", "Instinct")
 # is named by its own name (idle_cause_label).
 IDLE_CAUSE_LABELS = {"dataloader": "DataLoader", "host_sync": "host syncs",
                      "before_first_op": "before the first GPU op", "launch": "launches",
-                     "other": "other"}
+                     "other": "other", "unrecorded": "work launched before the recording"}
 # The human output lists at most this many host regions (the largest by share of the window; the
 # JSON has them all): the traces from elsewhere hold dozens of small "## ... ##" ranges.
 HOST_REGIONS_SHOWN = 3
+# Shares under this many % print as 0.0 at one decimal: lines that would say "0.0" leave them out.
+SHOWN_PCT_MIN = 0.05
+# The idle causes the human line always shows; the others (host regions, work launched before the
+# recording) only where they hold some of the window.
+SHOWN_CAUSES = tuple(cause for cause in IDLE_CAUSES if cause != "unrecorded")
 
 
 def idle_cause_label(cause: str) -> str:
@@ -320,9 +325,13 @@ def format_human(result: dict) -> str:
                      f"({dist['comm_pct']:.1f} % of the steps)")
     gpu = result["gpu"]
     if gpu:
+        unrecorded = gpu["idle_by_cause_pct"]["unrecorded"]
         lines += [f"GPU          utilization {gpu['utilization_pct']:.1f} % of the steps (compute "
                   f"kernels {gpu['compute_pct']:.1f} %, collectives with no compute beside them "
-                  f"{gpu['exposed_comm_pct']:.1f} %), H2D copies {gpu['h2d_pct']:.1f} %",
+                  f"{gpu['exposed_comm_pct']:.1f} %), H2D copies {gpu['h2d_pct']:.1f} %"
+                  + (f"; {gpu['recorded_utilization_pct']:.1f} % of the time the trace accounts "
+                     f"for (for {unrecorded:.1f} % of the steps the GPU ran work launched before "
+                     f"the recording)" if unrecorded >= SHOWN_PCT_MIN else ""),
                   f"kernels      {gpu['kernels_per_step']:.0f}/step, median "
                   f"{fmt(gpu['median_kernel_us'], '.1f', ' us')}, {gpu['short_kernel_pct']:.0f} % "
                   f"< {SHORT_KERNEL_US:.0f} us, {matrix_units(result)} "
@@ -348,11 +357,12 @@ def format_human(result: dict) -> str:
         idle = gpu["idle_by_cause_pct"]
         # One idle figure: the steps' (the window's), which the causes split. HTA's, over the
         # first to the last GPU op of the whole trace, is another span: labelled as such.
-        # Host regions under 0.05 % read 0.0: left out of the line (the JSON has them).
+        # Host regions and work launched before the recording under SHOWN_PCT_MIN read 0.0:
+        # left out of the line (the JSON has them).
         lines.append(f"GPU idle     {sum(idle.values()):.1f} % of the steps: "
                      + ", ".join(f"{idle_cause_label(cause)} {idle[cause]:.1f}"
                                  for cause in idle_causes(idle)
-                                 if cause in IDLE_CAUSES or idle[cause] >= 0.05)
+                                 if cause in SHOWN_CAUSES or idle[cause] >= SHOWN_PCT_MIN)
                      + f" (HTA's idle, from the first to the last GPU op of the trace: "
                        f"{gpu['idle_pct']:.1f} %)")
     lines += host_region_lines(result["host_regions"])

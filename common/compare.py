@@ -290,7 +290,8 @@ BOUND_WORDS = {
     "host_sync": "the GPU drained for host syncs (.item(), .cpu(), a blocking copy)",
     "before_first_op": "the GPU waiting for its first op of the window",
     "launch": "the GPU waiting for the host to enqueue work (Python, dispatch, launch calls)",
-    "other": "the GPU waiting with work queued (another stream, an event, another rank)"}
+    "other": "the GPU waiting with work queued (another stream, an event, another rank)",
+    "unrecorded": "work launched before the recording, which the trace does not hold"}
 # A host region's cause (metrics.host_regions), by its name.
 REGION_BOUND_WORDS = "the GPU waiting for host work in region {name}"
 # On a CPU-only trace, what each part of the step breakdown means.

@@ -503,7 +503,7 @@ def initialization_warning(found: dict | None) -> str | None:
 
 # The fixed causes of the GPU's idle time (defined below, "Why the GPU is idle"); a host region's
 # name is a cause of its own, between dataloader and host_sync.
-IDLE_CAUSES = ("dataloader", "host_sync", "before_first_op", "launch", "other")
+IDLE_CAUSES = ("dataloader", "host_sync", "before_first_op", "launch", "other", "unrecorded")
 
 
 # --- Host regions: record_function ranges that are host work. -----------------------------------
@@ -687,6 +687,10 @@ def host_region_metrics(regions: HostRegions, window: tuple[float, float], n_ste
 #   other            the rest: the part of a gap after its op was enqueued (HTA's kernel wait,
 #                    waits on other streams or events, dependencies inside a CUDA graph), a GPU
 #                    op with no launch call in the trace, and the idle tail after the last op.
+#   unrecorded       (before all the others, listed last) a stream held a kernel launched
+#                    before the recording began (its correlation id below the trace's first
+#                    API call's), so the GPU ran, or waited on, work the trace does not hold
+#                    (unrecorded_work): not idle as far as the trace can tell.
 
 
 def enqueue_times(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
@@ -704,18 +708,60 @@ def enqueue_times(columns: TraceColumns) -> tuple[Spans, np.ndarray]:
     return gpu, np.minimum(launched, gpu.start[first][group])  # NaN stays NaN
 
 
+def unrecorded_work(columns: TraceColumns, window: tuple[float, float]) -> Spans:
+    """The stretches of the window in which a stream held a kernel launched before the recording
+    began (merged; GPU work inside them still counts as busy, so only their idle part matters).
+    CUPTI records a kernel only if it was launched while the profiler's activities were on (from
+    the schedule's warm-up step), and the trace keeps only the active steps' API calls. Their
+    correlation ids count up, one per call, so a kernel whose id is below the trace's first call
+    and has no launch call in the trace was queued before the active steps. A stream runs in
+    order: from the window's start (or its previous kernel's end) until such a kernel starts,
+    that stream ran work launched before the warm-up, which no trace holds, or waited on such
+    work (an event of another stream, taken before the recording). A GPU-bound loop more than a
+    step ahead of the host shows this at the window's start: the H100 reference's
+    dataloader_workers/fixed, 47.5 ms with no kernel while the previous step's backward ran."""
+    low, high = window
+    calls = columns.runtime_correlation[columns.runtime_correlation > 0]
+    if not calls.size:  # no API call in the trace (a GPU-only trace): nothing to tell apart
+        return Spans.empty()
+    correlation = columns.kernel_correlation
+    before = (correlation > 0) & (correlation < calls.min())
+    before &= launching_call(columns, correlation) < 0
+    starts, ends = [], []
+    for stream in np.unique(columns.kernel_stream[before]):
+        mine = np.flatnonzero(columns.kernel_stream == stream)
+        mine = mine[np.argsort(columns.kernels.start[mine], kind="stable")]
+        end = columns.kernels.end[mine]
+        previous_end = np.r_[low, np.maximum.accumulate(end)[:-1]]
+        queued = before[mine]
+        starts.append(np.maximum(previous_end[queued], low))
+        ends.append(np.minimum(columns.kernels.start[mine][queued], high))
+    if not starts:
+        return Spans.empty()
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    keep = end > start
+    return merge(Spans(start[keep], end[keep]))
+
+
 def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, float],
-                      sync_ends: np.ndarray, regions: HostRegions | None = None
-                      ) -> dict[str, float]:
+                      sync_ends: np.ndarray, regions: HostRegions | None = None,
+                      unrecorded: Spans | None = None) -> dict[str, float]:
     """The GPU's idle time in the window split by cause (IDLE_CAUSES, and each host region that
     holds some of the window, by region_cause), each ÷ window, in %: they add up to 100 -
     union(kernels, copies, memsets in the window) ÷ window. `busy`: merged GPU work;
-    `sync_ends`: when each host sync in the steps returned; `regions`: host_regions'."""
+    `sync_ends`: when each host sync in the steps returned; `regions`: host_regions';
+    `unrecorded`: unrecorded_work's stretches, whose idle part goes to "unrecorded" first."""
     low, high = window
     span = high - low
     result = dict.fromkeys(IDLE_CAUSES, 0.0)
     if span <= 0:
         return result
+    unrecorded_us = 0.0
+    if unrecorded is not None and unrecorded.size:
+        # The GPU ran work the trace does not hold, or waited on it: no cause below applies.
+        busy_us = union_in(busy, low, high)
+        busy = merge(concat(busy, unrecorded))
+        unrecorded_us = union_in(busy, low, high) - busy_us
     # Gap k: from busy interval k-1's end (or `low`) to busy interval k's start (or `high`).
     gap_start, gap_end = np.r_[low, busy.end], np.r_[busy.start, high]
     start, end = np.maximum(gap_start, low), np.minimum(gap_end, high)
@@ -768,6 +814,7 @@ def idle_by_cause_pct(columns: TraceColumns, busy: Spans, window: tuple[float, f
     result["before_first_op"] = float(rest[~synced & opening].sum())
     result["launch"] = float(launch[plain].sum())
     result["other"] = float((rest - launch)[plain].sum())
+    result["unrecorded"] = unrecorded_us
     # In the order of precedence: the DataLoader, the host regions, then the rest.
     ordered = {"dataloader": result.pop("dataloader"), **region_us, **result}
     return {cause: 100.0 * us / span for cause, us in ordered.items()}
@@ -839,8 +886,13 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     # Copy time with no kernel running beside it: what the step waits for. A copy on a side
     # stream under the compute stream's kernels (dataloader_workers/fixed on a GPU) costs nothing.
     h2d_exposed = union_in(concat(kernels, h2d), low, high) - kernel_busy
+    idle = idle_by_cause_pct(columns, busy, window, syncs.end[syncs.step >= 0], regions,
+                             unrecorded_work(columns, window))
     return {
         "utilization_pct": share(kernel_busy, span),
+        # The same, of the time the trace accounts for: without the idle stretches in which the
+        # GPU ran or waited on work launched before the recording (idle cause "unrecorded").
+        "recorded_utilization_pct": share(kernel_busy, span * (1 - idle["unrecorded"] / 100.0)),
         "compute_pct": share(compute_busy, span),
         "exposed_comm_pct": share(kernel_busy - compute_busy, span),
         "idle_pct": 100.0 - share(total(busy), gpu_span) if gpu_span > 0 else 0.0,
@@ -867,6 +919,5 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         # syncs_per_step, syncs_by_cause_per_step, sync_idle_pct (and by cause), sync sources
         **sync_metrics(syncs, busy, low, high, n_steps),
         **copy_metrics(columns, copied, runtime_step, n_steps),
-        "idle_by_cause_pct": idle_by_cause_pct(columns, busy, window,
-                                               syncs.end[syncs.step >= 0], regions),
+        "idle_by_cause_pct": idle,
     }

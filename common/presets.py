@@ -177,8 +177,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
         # The same loop, smaller: on a CPU nothing is asynchronous, so no effect is expected.
         "cpu": Preset(batch_size=256, steps=200, warmup_steps=3,
                       sizes=dict(width=256, blocks=8, num_classes=10)),
-        # warm-up 2: with the 5 profiled steps, 10 in all, so fixed.py reads its sums once.
-        "smoke": Preset(batch_size=8, steps=3, warmup_steps=2,
+        # warm-up 2, 4 timed: with the 4 profiled steps, 10 in all, so fixed.py reads its sums
+        # once.
+        "smoke": Preset(batch_size=8, steps=4, warmup_steps=2,
                         sizes=dict(width=16, blocks=2, num_classes=10)),
     },
     "host_roundtrip": {

@@ -95,7 +95,7 @@ def breakdown_figure(analyses: dict[str, analyze.Analysis], title: str):
 
 IDLE_COLORS = {"busy": "#2e7d32", "dataloader": "#c62828", "host_sync": "#ef6c00",
                "before_first_op": "#90caf9",
-               "launch": "#6a1b9a", "other": "#bdbdbd"}
+               "launch": "#6a1b9a", "other": "#bdbdbd", "unrecorded": "#e0e0e0"}
 # Host regions (idle causes by name), in turn: reds and browns, near the DataLoader's (host work).
 HOST_REGION_COLORS = ("#8d6e63", "#f06292", "#a1887f", "#ad1457", "#d7ccc8")
 
@@ -112,7 +112,8 @@ def idle_figure(analyses: dict[str, analyze.Analysis], title: str):
              **{cause: [i.get(cause, 0.0) for i in idle] for cause in causes}}
     regions = iter(HOST_REGION_COLORS * len(causes))
     for part, widths in parts.items():
-        name = "GPU busy" if part == "busy" else f"idle: {analyze.idle_cause_label(part)}"
+        name = ("GPU busy" if part == "busy" else "unrecorded: work launched before the recording"
+                if part == "unrecorded" else f"idle: {analyze.idle_cause_label(part)}")
         color = IDLE_COLORS.get(part) or next(regions)
         ax.barh(labels, widths, left=left, color=color, label=name)
         left += widths

@@ -6,7 +6,9 @@ from common.metrics import SHORT_KERNEL_US, US_PER_MS
 
 # --- Verdict thresholds. ----------------------------------------------------------------------
 DATALOADER_SHARE_MIN_PCT = 20.0  # % of the window; gpu-idle and fournex use 20 %
-SMALL_BATCH_UTILIZATION_MAX_PCT = 50.0  # % GPU utilization; peers' small-batch rule
+# % GPU utilization of the time the trace accounts for (gpu.recorded_utilization_pct); peers'
+# small-batch rule
+SMALL_BATCH_UTILIZATION_MAX_PCT = 50.0
 SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 25.0  # µs median kernel; peers' small-batch rule
 # Short kernels on an idle GPU come from a batch too small to fill them (small_batch) or from a
 # model of many small ops (launch_overhead); the timing is the same, the input shapes differ. Below
@@ -184,7 +186,7 @@ def gpu_underfilled(gpu: dict) -> bool:
     """Low utilization with short kernels: the GPU has too little to do (peers' small-batch
     rule)."""
     return bool(gpu) and gpu["median_kernel_us"] is not None and (
-        gpu["utilization_pct"] < SMALL_BATCH_UTILIZATION_MAX_PCT
+        gpu["recorded_utilization_pct"] < SMALL_BATCH_UTILIZATION_MAX_PCT
         and gpu["median_kernel_us"] <= SMALL_BATCH_MEDIAN_KERNEL_MAX_US)
 
 
@@ -317,7 +319,8 @@ def rule_small_batch(m: dict) -> dict | None:
         return None  # no shapes say the batch is small: the host is the limit (host_overhead)
     evidence = (
         # One decimal: the rule is strict (< 50 %), and 49.7 % rounded to a whole would read 50.
-        f"GPU under-filled: utilization {gpu['utilization_pct']:.1f} % with a median kernel of "
+        f"GPU under-filled: utilization {gpu['recorded_utilization_pct']:.1f} % with a median "
+        f"kernel of "
         f"{gpu['median_kernel_us']:.1f} us (rule: < {SMALL_BATCH_UTILIZATION_MAX_PCT:.0f} % and "
         f"<= {SMALL_BATCH_MEDIAN_KERNEL_MAX_US:.0f} us)")
     fix = ("give each kernel more work: a larger batch (scale the learning rate with it), or "
@@ -339,7 +342,8 @@ def rule_small_batch(m: dict) -> dict | None:
                 "(see demos/launch_overhead/)")
     return finding(
         "small_batch",
-        severity(gpu["utilization_pct"], SMALL_BATCH_UTILIZATION_MAX_PCT, upper_limit=True),
+        severity(gpu["recorded_utilization_pct"], SMALL_BATCH_UTILIZATION_MAX_PCT,
+                 upper_limit=True),
         evidence, fix, "small_batch")
 
 

@@ -72,7 +72,9 @@ class KinetoTrace:
     stream: int = 7
     events: list = field(default_factory=list)
     device_properties: list = field(default_factory=list)
-    next_correlation: int = 1
+    # A real trace's correlation ids count every API call since the process began: ids below
+    # its first call's belong to calls made before the recording (metrics.unrecorded_work).
+    next_correlation: int = 1000
 
     def category(self, role: str) -> str | None:
         return VOCABULARIES[self.vocabulary][role]

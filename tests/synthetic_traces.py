@@ -15,7 +15,7 @@ CPU_PID = 4242  # the training process
 GPU_PID = 0  # Kineto puts device 0's streams in "process" 0
 STREAM = 7  # the default stream's id in CUPTI traces
 BASE_US = 1_700_000_000_000.0  # an epoch-like start, as in real traces (µs)
-FIRST_STEP = 2  # schedule(wait=1, warmup=1): the first recorded step is ProfilerStep#2
+FIRST_STEP = 2  # as torch.profiler.schedule(wait=1, warmup=1) numbers its first recorded step
 
 # Kernel names as CUPTI reports them. The fp16 GEMM name contains "xmma_gemm", which the plugin's
 # allowlist counts as a Tensor Core kernel; the fp32 one (a cuBLAS SIMT GEMM) does not.

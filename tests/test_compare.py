@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from common import compare, trace
+from common import analyze, compare, trace
 from tests.conftest import ROOT, read_summary
+from tests.kineto_builder import ELEMENTWISE, KinetoTrace
 
 CLI_TIMEOUT_S = 120  # a command line on a small synthetic pair takes about a second
 

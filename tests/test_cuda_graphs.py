@@ -147,7 +147,7 @@ def test_the_idle_causes_of_a_replay(tmp_path):
     assert gpu["utilization_pct"] == pytest.approx(20.0)
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 125 / 60, "launch": 3190 / 60,
-         "other": 1485 / 60})
+         "other": 1485 / 60, "unrecorded": 0.0})
 
 
 def test_a_graphs_kernels_are_enqueued_when_its_first_one_starts(tmp_path):
@@ -167,7 +167,7 @@ def test_a_graphs_kernels_are_enqueued_when_its_first_one_starts(tmp_path):
     gpu = analysed(tmp_path, t)["gpu"]
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 110 / 30,
-         "launch": 1816 / 30, "other": (3 * 88 + 798) / 30})
+         "launch": 1816 / 30, "other": (3 * 88 + 798) / 30, "unrecorded": 0.0})
 
 
 # --- Real traces, counted by hand from their JSON. ------------------------------------------

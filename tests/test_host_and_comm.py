@@ -54,7 +54,7 @@ def test_host_overhead_by_hand(tmp_path):
     assert gpu["utilization_pct"] == pytest.approx(20.0)
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 78 / 30, "launch": 2233 / 30,
-         "other": 89 / 30})
+         "other": 89 / 30, "unrecorded": 0.0})
     assert gpu["idle_by_cause_pct"]["launch"] >= HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT
     assert ids(result) == ["host_overhead"]
     found = result["findings"][0]

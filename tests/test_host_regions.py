@@ -67,7 +67,7 @@ def test_gpu_idle_in_a_tokenize_region_is_its_own(tmp_path, vocabulary):
     assert gpu["utilization_pct"] == pytest.approx(30.0)
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "tokenize": 40.0, "host_sync": 0.0, "before_first_op": 8 / 30,
-         "launch": 693 / 30, "other": 199 / 30})
+         "launch": 693 / 30, "other": 199 / 30, "unrecorded": 0.0})
     assert list(gpu["idle_by_cause_pct"])[:2] == ["dataloader", "tokenize"]  # its precedence
     assert_idle_adds_up(result)
     assert result["host_regions"] == {"tokenize": pytest.approx(
@@ -143,7 +143,7 @@ def test_nested_regions_split_their_time_innermost_first(tmp_path):
     idle = result["gpu"]["idle_by_cause_pct"]
     assert idle == pytest.approx({"dataloader": 0.0, "tokenize": 20.0, "preprocess": 20.0,
                                   "host_sync": 0.0, "before_first_op": 8 / 30,
-                                  "launch": 693 / 30, "other": 199 / 30})
+                                  "launch": 693 / 30, "other": 199 / 30, "unrecorded": 0.0})
     assert_idle_adds_up(result)
     regions = result["host_regions"]
     assert set(regions) == {"preprocess", "tokenize"}  # normalize: all operators
@@ -171,7 +171,7 @@ def test_a_region_after_a_sync_comes_before_host_sync(tmp_path):
     gpu = result["gpu"]
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "tokenize": 30.0, "host_sync": 1.0, "before_first_op": 8 / 30,
-         "launch": 174 / 30, "other": 88 / 30})
+         "launch": 174 / 30, "other": 88 / 30, "unrecorded": 0.0})
     assert_idle_adds_up(result)
     # The sync's own numbers are unchanged: the whole gap (310 µs, 3 steps) is still the one
     # it returns in.

@@ -28,7 +28,7 @@ WINDOW_US = 1000.0
 #   The tail 900..1000 has no GPU op after it: 100 µs other.
 # Busy 190+100+80+100+40 = 510 µs; idle 490 = 200 + 100 + 10 + 55 + 125.
 EXPECTED_PCT = {"dataloader": 20.0, "host_sync": 10.0, "before_first_op": 1.0, "launch": 5.5,
-                "other": 12.5}
+                "other": 12.5, "unrecorded": 0.0}
 
 
 def idle_trace(vocabulary: str = "current", loader_in_sync_gap: bool = False,
@@ -87,7 +87,7 @@ def test_a_graph_replay_without_steps_is_not_charged_to_launches(tmp_path):
     gpu = analyze.analyze_trace(t.write(tmp_path / "t.json"))["gpu"]
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 45.0, "launch": 0.0,
-         "other": 40.0}, abs=1e-9)
+         "other": 40.0, "unrecorded": 0.0}, abs=1e-9)
 
 
 def test_a_gap_is_the_launchs_only_until_its_op_is_enqueued(tmp_path):
@@ -102,7 +102,57 @@ def test_a_gap_is_the_launchs_only_until_its_op_is_enqueued(tmp_path):
     gpu = analyze.analyze_trace(t.write(tmp_path / "t.json"))["gpu"]
     assert gpu["idle_by_cause_pct"] == pytest.approx(
         {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 1.0, "launch": 20.0,
-         "other": 10.0 + 50.0}, abs=1e-9)
+         "other": 10.0 + 50.0, "unrecorded": 0.0}, abs=1e-9)
+
+
+def backlog_trace(queued_correlation: int) -> KinetoTrace:
+    """One step 0..1000. A side stream's copy kernel, launched at 1, runs 2..10. The main stream
+    runs kernel Q at 300..500, whose launch call is not in the trace, then the step's kernel,
+    launched at 50..55, at 500..900. The builder's ids start at 1000, as a real trace's count
+    every API call since the process began."""
+    t = KinetoTrace()
+    t.gpu()
+    t.step(1, T0, WINDOW_US)
+    t.stream = 8
+    t.launch(T0 + 1, 0.5, T0 + 2, 8)
+    t.stream = 7
+    t.gpu_event("kernel", BF16_GEMM, T0 + 300, 200, correlation=queued_correlation,
+                launch_ts=T0 - 400)
+    t.launch(T0 + 50, 5, T0 + 500, 400, name=BF16_GEMM)
+    return t
+
+
+def test_work_launched_before_the_recording_is_not_idle(tmp_path, capsys):
+    """Q's id (900) is below the trace's first call's (1000): it was launched before the
+    recording, and the main stream held it from the window's start, running what the trace lacks
+    (the step before's backward, on a GPU-bound loop ahead of its host). By hand: the GPU is busy
+    8 + 200 + 400 = 608 µs; 0..300 less the copy's 8 µs is unrecorded (29.2 %); the tail
+    900..1000 other (10 %). Utilization 60.8 % of the window, 608 / 708 = 85.9 % of the time the
+    trace accounts for, and that is the one the small-batch rule reads."""
+    gpu = analyze.analyze_trace(backlog_trace(900).write(tmp_path / "t.json"))["gpu"]
+    assert gpu["idle_by_cause_pct"] == pytest.approx(
+        {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 0.0, "launch": 0.0,
+         "other": 10.0, "unrecorded": 29.2}, abs=1e-9)
+    assert gpu["utilization_pct"] == pytest.approx(60.8)
+    assert gpu["recorded_utilization_pct"] == pytest.approx(100 * 608 / 708)
+    assert analyze.main([str(tmp_path / "t.json")]) == 0
+    assert ("utilization 60.8 % of the steps (compute kernels 60.8 %, collectives with no compute "
+            "beside them 0.0 %), H2D copies 0.0 %; 85.9 % of the time the trace accounts for (for "
+            "29.2 % of the steps the GPU ran work launched before the recording)"
+            ) in capsys.readouterr().out
+
+
+def test_a_kernel_without_its_launch_inside_the_recording_is_no_backlog(tmp_path, capsys):
+    """The same trace with Q's id (2000) above the first call's: launched during the recording
+    from somewhere the trace does not show, not before it, so nothing says its stream was busy.
+    By hand: 0..2 before the first GPU op (0.2 %), 10..300 and the tail other (29 + 10 %)."""
+    gpu = analyze.analyze_trace(backlog_trace(2000).write(tmp_path / "t.json"))["gpu"]
+    assert gpu["idle_by_cause_pct"] == pytest.approx(
+        {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 0.2, "launch": 0.0,
+         "other": 39.0, "unrecorded": 0.0}, abs=1e-9)
+    assert gpu["recorded_utilization_pct"] == gpu["utilization_pct"] == pytest.approx(60.8)
+    assert analyze.main([str(tmp_path / "t.json")]) == 0
+    assert "time the trace accounts for" not in capsys.readouterr().out
 
 
 def test_idle_by_cause_in_the_human_output(tmp_path, capsys):
@@ -211,8 +261,8 @@ def queued_trace(backlog: bool, nccl: bool = False) -> KinetoTrace:
         t.launch(at + 1, 0.5, at + 2, 3, name=SIDE_COPY)
     t.stream = main_stream
     if backlog:
-        t.gpu_event("kernel", BF16_GEMM, T0 + 5, 15, correlation=10_000, launch_ts=T0 - 500)
-        t.gpu_event("kernel", ELEMENTWISE, T0 + 20, 5, correlation=10_001, launch_ts=T0 - 490)
+        t.gpu_event("kernel", BF16_GEMM, T0 + 5, 15, correlation=500, launch_ts=T0 - 500)
+        t.gpu_event("kernel", ELEMENTWISE, T0 + 20, 5, correlation=501, launch_ts=T0 - 490)
     if nccl:
         t.stream = 21
         for index in range(2):  # mid-step, on a stream the steps launched nothing on

@@ -399,23 +399,51 @@ def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
     return [tuple(h) for h in held]
 
 
+def hand_unrecorded(events: list, launched: dict, low: float, high: float) -> list:
+    """Per stream, in time order: a kernel with no launch call in the trace whose correlation id
+    is below every API call's in the trace was queued before the recording, and its stream held
+    it from the window's start or the stream's previous kernel's end until it began."""
+    ids = [e["args"]["correlation"] for e in events
+           if e.get("cat") in RUNTIME and e["args"].get("correlation", 0) > 0]
+    if not ids:
+        return []
+    first_call = min(ids)
+    by_stream: dict = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            by_stream.setdefault(e["tid"], []).append(e)
+    spans = []
+    for kernels in by_stream.values():
+        previous_end = low
+        for e in sorted(kernels, key=start):
+            c = e["args"].get("correlation")
+            queued = c is not None and 0 < c < first_call and c not in launched
+            if queued and min(start(e), high) > previous_end:
+                spans.append((previous_end, min(start(e), high)))
+            previous_end = max(previous_end, end(e))
+    return spans
+
+
 def hand_idle_by_cause(name: str) -> dict[str, float]:
     _, events = raw(name)
     steps = host_steps(events)
     low, high = hand_window(events)
+    launched: dict = {}
+    for e in events:
+        if e.get("cat") in RUNTIME and "correlation" in e.get("args", {}):
+            launched.setdefault(e["args"]["correlation"], end(e))
+    work = [(start(e), end(e)) for e in events if e.get("cat") in GPU_WORK]
+    unrecorded = hand_unrecorded(events, launched, low, high)
     merged: list = []  # [start, end, correlation ids of the ops that open it]
-    for s, t, c in sorted((start(e), end(e), e["args"].get("correlation")) for e in events
-                          if e.get("cat") in GPU_WORK):
+    for s, t, c in sorted([(start(e), end(e), e["args"].get("correlation")) for e in events
+                           if e.get("cat") in GPU_WORK]
+                          + [(s, t, None) for s, t in unrecorded]):  # not idle: see above
         if merged and s == merged[-1][0]:
             merged[-1][2].append(c)
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], t)
         else:
             merged.append([s, t, [c]])
-    launched: dict = {}
-    for e in events:
-        if e.get("cat") in RUNTIME and "correlation" in e.get("args", {}):
-            launched.setdefault(e["args"]["correlation"], end(e))
     first_start: dict = {}  # of the GPU ops each launch (correlation id) put in a stream
     for e in events:
         if e.get("cat") in GPU_WORK:
@@ -444,7 +472,8 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
         return found
 
     found = {"dataloader": 0.0, "host_sync": 0.0, "before_first_op": 0.0, "launch": 0.0,
-             "other": 0.0}
+             "other": 0.0,
+             "unrecorded": hand_union(work + unrecorded, low, high) - hand_union(work, low, high)}
     for region in {h[2] for h in held if h[1] > low and h[0] < high}:  # in the window
         found[region] = 0.0
     opened = False  # whether a gap reaching into the window has been seen

@@ -33,6 +33,7 @@ DATALOADER_TOLERANCE_PCT = 0.1  # percentage points
 # spans only, not our user_annotation regions nor python_function), so they differ by rounding.
 PART_TOLERANCE_US = 1.0
 # The recorded steps: torch.profiler numbers every step, the schedule records the last ones.
+SYNTHETIC_STEPS = 3  # gpu_training_trace's default, which conftest writes
 RECORDED_STEPS = [str(harness.PROFILE_WAIT_STEPS + harness.PROFILE_WARMUP_STEPS + index)
                   for index in range(harness.PROFILE_ACTIVE_STEPS)]
 
@@ -130,14 +131,15 @@ def test_synthetic_gpu_trace_reads_correctly_only_after_the_rewrite(tensorboard)
     as_written = overview(tensorboard, "synthetic_gpu/as_written")
     # What the plugin makes of the trace as torch.profiler writes it: every step twice (its GPU
     # copy of ProfilerStep#N too), no Runtime, no DataLoader, no Tensor Cores row.
-    assert len(as_written["steps"]["rows"]) == 2 * len(RECORDED_STEPS)
+    synthetic_steps = [str(synthetic.FIRST_STEP + index) for index in range(SYNTHETIC_STEPS)]
+    assert len(as_written["steps"]["rows"]) == 2 * len(synthetic_steps)
     assert step_parts(as_written)["Runtime"][0] == 0
     assert step_parts(as_written)["DataLoader"][0] == 0
     assert TENSOR_CORES_ROW not in gpu_summary(as_written)
 
     rewritten = overview(tensorboard, "synthetic_gpu/rewritten")
     parts = step_parts(rewritten)
-    assert [row[0] for row in rewritten["steps"]["rows"]] == RECORDED_STEPS
+    assert [row[0] for row in rewritten["steps"]["rows"]] == synthetic_steps
     assert parts["Runtime"][0] == pytest.approx(synthetic.STEP_RUNTIME_US, abs=PART_TOLERANCE_US)
     assert parts["Runtime"][1] > 0
     assert parts["Kernel"][0] == pytest.approx(synthetic.STEP_KERNEL_US, abs=PART_TOLERANCE_US)
