@@ -487,14 +487,26 @@ def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
 AUTOCAST_NAMES = {"bfloat16": "BF16", "float16": "FP16"}  # torch dtype -> how tables say it
 
 
-def precision(summary: dict) -> str:
-    """A run's math precision from its summary's config: "BF16 autocast", "FP32, TF32 matmuls"
-    or "FP32"."""
+# What TF32 was allowed for (the summary's config, harness.tf32_in_force), in a label's words.
+TF32_WORDS = {(True, False): "TF32 matmuls", (False, True): "TF32 convolutions",
+              (True, True): "TF32 matmuls and convolutions"}
+
+
+def precision(summary: dict, analysis: dict | None = None) -> str:
+    """A run's math precision: "BF16 autocast" from its summary's config; else FP32, with TF32
+    where the trace holds TF32 kernels (gpu.tf32_pct; `analysis`), for what the config allowed
+    ("FP32, TF32 convolutions": cuDNN's default, the ResNet pairs on a GPU), or "FP32, TF32
+    kernels" where the config does not say. Without `analysis`, the config alone."""
     config = summary.get("config") or {}
     dtype = config.get("autocast_dtype")
     if dtype:
         return f"{AUTOCAST_NAMES.get(dtype, dtype)} autocast"
-    return "FP32, TF32 matmuls" if config.get("tf32_matmul") else "FP32"
+    allowed = (bool(config.get("tf32_matmul")), bool(config.get("tf32_cudnn")))
+    if analysis is None:
+        return "FP32, TF32 matmuls" if allowed[0] else "FP32"
+    if not (analysis.get("gpu") or {}).get("tf32_pct"):
+        return "FP32"
+    return f"FP32, {TF32_WORDS.get(allowed, 'TF32 kernels')}"
 
 
 def conditions(comparison: dict) -> str:

@@ -830,6 +830,9 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
                      "graph's kernels may be missing from the trace")
         else:
             init_for_cuda_graphs()
+        # What FP32 math ran in, for every pair (compare.precision labels it with the trace).
+        for setting, allowed in tf32_in_force().items():
+            run.config.setdefault(setting, allowed)
     if run.distributed:
         log(run, f"{run.world_size} ranks: {run.distributed['mode']}")
     log(run, f"warm-up: {run.preset.warmup_steps} steps")

@@ -183,3 +183,28 @@ def uses_tensor_cores(name: str) -> bool:
         return True
     triton = MATMUL_MARKER in lowered or lowered.startswith(INDUCTOR_TEMPLATE_PREFIX)
     return triton and not any(tag in lowered for tag in FP32_TAGS)  # no type: not FP32 by guess
+
+
+# --- TF32: FP32 tensors multiplied on the tensor cores in TF32 (10-bit mantissa inputs). --------
+# What PyTorch allows with torch.backends.cuda.matmul / cudnn.conv fp32_precision = "tf32" (older:
+# allow_tf32), and cuDNN's default for convolutions. A kernel does it when it runs on tensor cores
+# (uses_tensor_cores) and its name says tf32 (cuDNN's "..._implicit_gemm_f32f32_tf32f32_f32_...",
+# cuBLAS's "sm80_xmma_gemm_..._tf32...", nvjet's "nvjet_sss_tf32_..."), or it is CUTLASS's FP32
+# GEMM on the TF32 instruction, m16n8k8 ("cutlass_80_tensorop_s1688gemm_...", the "s" for single:
+# no narrower type tag in the name), or a Tensile kernel whose input is xfloat32 (MI300's TF32).
+CUTLASS_TF32_PATTERN = re.compile(r"tensorop_s1688")
+NARROW_TYPES = tuple(kind for kind in TENSOR_CORE_TYPES if kind != TF32_MARKER)
+
+
+def uses_tf32(name: str) -> bool:
+    """From the kernel's name alone (see above)."""
+    if not uses_tensor_cores(name):
+        return False
+    lowered = name.lower()
+    tensile = TENSILE_PATTERN.match(lowered)
+    if tensile:
+        return tensile["types"].startswith("x")
+    if TF32_MARKER in lowered:
+        return True
+    return bool(CUTLASS_TF32_PATTERN.search(lowered)) and not any(
+        kind in lowered for kind in NARROW_TYPES)

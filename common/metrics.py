@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
-from common.kernel_names import is_gemm, uses_tensor_cores
+from common.kernel_names import is_gemm, uses_tensor_cores, uses_tf32
 from common.trace import BYTES_PER_MB
 from common.syncs import HostSyncs, gap_of, host_syncs, step_index, sync_metrics
 from common.trace_columns import (
@@ -856,6 +856,7 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     kernel_time = float(duration.sum())
     table = columns.kernel_name_table  # decided once per distinct kernel name
     tensor_core = np.array([uses_tensor_cores(n) for n in table], dtype=bool)[name_id]
+    tf32 = np.array([uses_tf32(n) for n in table], dtype=bool)[name_id]
     gemm = np.array([is_gemm(n.lower()) for n in table], dtype=bool)[name_id]
     gemm_time = float(duration[gemm].sum())
 
@@ -907,6 +908,9 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "h2d_pct": share(union_in(h2d, low, high), span),
         "h2d_exposed_pct": share(h2d_exposed, span),
         "tensor_core_pct": share(float(duration[tensor_core].sum()), kernel_time),
+        # Of it, FP32 math in TF32 (kernel_names.uses_tf32): what a table's precision label reads
+        # (compare.precision), cuDNN's convolutions by default.
+        "tf32_pct": share(float(duration[tf32].sum()), kernel_time),
         # The issue's GPU target reads "tensor-core share >= 80 % of GEMM time": of the GEMM
         # kernels' time, the share on tensor cores (null without GEMMs).
         "tensor_core_gemm_pct": (share(float(duration[gemm & tensor_core].sum()), gemm_time)

@@ -109,7 +109,7 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
 def demo_block(folder: Path, c: dict) -> str:
     rows = {row[0]: row[1:3] for row in compare.table_rows(c)}
     rows["batch"] = [str(c[v]["summary"].get("batch_size")) for v in VARIANTS]
-    rows["precision"] = [compare.precision(c[v]["summary"]) for v in VARIANTS]
+    rows["precision"] = [compare.precision(c[v]["summary"], c[v]["analysis"]) for v in VARIANTS]
     report = f"../../{shown(folder)}/REPORT.md"
     return "\n".join([f"{compare.conditions(c)} (every number: [REPORT.md]({report})).", "",
                       "| | bad | fixed |", "|---|---:|---:|"]

@@ -233,8 +233,8 @@ def headline_small_batch(variant: str, result: dict, summary: dict) -> str:
 
 
 def headline_mixed_precision(variant: str, result: dict, summary: dict) -> str:
-    return (f"{variant} ({compare.precision(summary)}): {step_ms(result):,.0f} ms per step on "
-            f"the GPU, "
+    return (f"{variant} ({compare.precision(summary, result)}): {step_ms(result):,.0f} ms per "
+            f"step on the GPU, "
             f"{pct(result['gpu']['tensor_core_pct'])} of kernel time on tensor cores")
 
 

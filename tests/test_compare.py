@@ -296,3 +296,43 @@ def test_a_closed_pipe_ends_quietly(synthetic_pairs_out, command):
     result = run_into_closed_pipe(module, str(synthetic_pairs_out / target), *flags)
     assert result.stderr == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
     assert result.returncode == 1  # what Python's docs' recipe (and Python itself) exit with
+
+
+TF32_CONV = "sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32"
+
+
+def tf32_analysis(tmp_path) -> dict:
+    """One step of 1000 µs: a TF32 convolution of 300 µs, an FP32 sgemm of 100 and an
+    elementwise kernel of 100: TF32 is 300 / 500 = 60 % of the kernel time."""
+    t = KinetoTrace()
+    t.gpu()
+    t.step(1, 1_000_000.0, 1000.0)
+    for at, kernel_us, name in ((10, 300, TF32_CONV), (20, 100, "ampere_sgemm_128x64_nn"),
+                                (30, 100, ELEMENTWISE)):
+        t.launch(1_000_000.0 + at, 5, 1_000_000.0 + 100 * at, kernel_us, name=name)
+    return analyze.analyze_trace(t.write(tmp_path / "t.json"))
+
+
+@pytest.mark.parametrize("config, label", [
+    ({"tf32_matmul": False, "tf32_cudnn": True}, "FP32, TF32 convolutions"),  # torch's defaults
+    ({"tf32_matmul": True, "tf32_cudnn": False}, "FP32, TF32 matmuls"),
+    ({"tf32_matmul": True, "tf32_cudnn": True}, "FP32, TF32 matmuls and convolutions"),
+    ({}, "FP32, TF32 kernels"),  # a summary from before the harness recorded the settings
+    ({"autocast_dtype": "bfloat16", "tf32_cudnn": True}, "BF16 autocast"),
+])
+def test_precision_says_tf32_where_the_trace_ran_it(tmp_path, config, label):
+    analysis = tf32_analysis(tmp_path)
+    assert analysis["gpu"]["tf32_pct"] == pytest.approx(60.0)
+    assert compare.precision({"config": config}, analysis) == label
+
+
+def test_precision_says_fp32_where_no_tf32_kernel_ran(tmp_path):
+    """TF32 allowed for convolutions (torch's default) but a model without them: plain FP32.
+    Without the trace, the settings alone."""
+    analysis = json.loads(json.dumps(tf32_analysis(tmp_path)))
+    analysis["gpu"]["tf32_pct"] = 0.0
+    allowed = {"config": {"tf32_matmul": False, "tf32_cudnn": True}}
+    assert compare.precision(allowed, analysis) == "FP32"
+    assert compare.precision(allowed, {"gpu": None}) == "FP32"  # a CPU run
+    assert compare.precision(allowed) == "FP32"
+    assert compare.precision({"config": {"tf32_matmul": True}}) == "FP32, TF32 matmuls"

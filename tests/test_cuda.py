@@ -50,6 +50,11 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
         analysis = analyze.analyze_trace(run_dir)
         assert analysis["device"] == "cuda", f"{variant}: no GPU activity in the trace"
         assert analysis["gpu"]["kernels_per_step"] > 0, variant
+        # what FP32 math was allowed to run in, recorded for every pair (compare.precision)
+        assert {type(summary["config"].get(k)) for k in ("tf32_matmul", "tf32_cudnn")} == {bool}
+        # the warm-up starts on an empty GPU queue: every kernel in the recording was launched
+        # while CUPTI was on
+        assert analysis["gpu"]["idle_by_cause_pct"]["unrecorded"] == 0.0, variant
         if demo == "llm_decode":  # fixed replays each token as a CUDA graph, bad never does
             graphs = analysis["gpu"]["graph_launches_per_step"]
             tokens = summary["config"]["new_tokens"]

@@ -205,3 +205,27 @@ def test_vllm_on_mi300x_reads_triton_and_hipblaslt_gemms():
     gemm_pct, tensor_pct, _ = gemm_shares("mi300x_vllm_prefill_decode_piecewise_graphs.json.gz")
     assert gemm_pct > 80 and tensor_pct == pytest.approx(100)
     assert not kernel_names.is_gemm("kernel_unified_attention_2d")
+
+
+# (name, uses_tf32): FP32 math on the tensor cores in TF32, from the name.
+TF32_CASES = [
+    ("sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32",
+     True),  # cuDNN's convolution, cuDNN's TF32 default (H100 dataloader_workers trace)
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x128x32_warpgroupsize1x1x1", True),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nt_align4>(Params)",
+     True),  # CUTLASS's FP32 GEMM on the TF32 instruction, m16n8k8
+    ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_128x128_32x3_nn_align8", False),  # bf16 in
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_bf16_128x128_32x3_nt>(Params)", False),
+    ("nvjet_sss_tf32_64x8_64x16_2x1_v_bz_TNN", True),
+    ("nvjet_sss_64x8_64x16_2x1_v_bz_TNN", False),  # FP32 on the CUDA cores
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", False),  # bf16
+    ("ampere_sgemm_128x64_nn", False),
+    ("Cijk_Ailk_Bljk_XS_BH_MT128x128x32_MI32x32x1_SN_ISA942", True),  # xf32: MI300's TF32
+    ("Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1" + TENSILE_TAIL, False),
+    ("void at::native::vectorized_elementwise_kernel<4, tf32_like_functor>", False),  # no GEMM
+]
+
+
+@pytest.mark.parametrize("name, tf32", TF32_CASES)
+def test_uses_tf32(name, tf32):
+    assert kernel_names.uses_tf32(name) is tf32
