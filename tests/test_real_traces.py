@@ -629,3 +629,19 @@ def test_initialization_by_hand(name):
     assert found == {"launch_index": k + 1, "launch_ms": longest / 1000, "median_launch_us":
                      statistics.median(b - a for a, b in launches)}
     assert name == "a100_alexnet_no_steps.json.gz" and k + 1 == 2 and round(longest) == 3055567
+
+
+def test_the_ddp_walkthrough_quotes_the_nccl_traces():
+    """What the ddp_no_sync walkthrough says NCCL looks like, from two of these traces: time in
+    all-reduce kernels a step, its share of the step, and the share of the window in which they
+    run with no compute kernel beside them (the rest hides under the backward pass)."""
+    walkthrough = " ".join((ROOT / "demos" / "ddp_no_sync" / "README.md").read_text().split())
+    for name, who in (("v100_nccl_rank1_6steps.json.gz", "a V100 rank of 2"),
+                      ("a100_nccl_rank3_6steps.json.gz", "an A100 rank of 8")):
+        result = cli_json(name)
+        dist, gpu = result["distributed"], result["gpu"]
+        assert f"{who}" in walkthrough
+        assert f"{dist['collective_ms_per_step']:.1f} ms" in walkthrough, name
+        assert f"({dist['comm_pct']:.0f} %" in walkthrough, name
+        assert f"{gpu['exposed_comm_pct']:.1f} %" in walkthrough, name
+        assert gpu["exposed_comm_pct"] < dist["comm_pct"]  # most of it overlaps compute

@@ -15,7 +15,8 @@ import textwrap
 
 import pytest
 
-from common import compare, trace, verdicts
+from common import analyze, compare, trace, trace_columns, verdicts
+from common.intervals import merge
 from tests.conftest import ROOT
 
 REFERENCE = ROOT / "traces" / "reference"
@@ -98,6 +99,36 @@ def test_padding_waste_claims(gpu):
                  f"median {median[0]:.1f} → {median[1]:.1f} µs"):
         assert said in walkthrough, said
     assert min(utilization) >= 95 and median[1] < median[0]
+
+
+@pytest.mark.parametrize("gpu", [gpu for gpu, demo in PAIRS if demo == "ddp_no_sync"])
+def test_ddp_walkthrough_claims(gpu):
+    """What the ddp_no_sync walkthrough says of the gloo traces on rank 0: every all-reduce
+    starts inside a backward region (DDP's overlap), the gradient bytes all-reduced a step (FP32,
+    record_shapes sizes), 4x fewer in fixed, and the time a step in the collectives."""
+    walkthrough = " ".join((ROOT / "demos" / "ddp_no_sync" / "README.md").read_text().split())
+    found = {}
+    for variant in compare.VARIANTS:
+        path = next((REFERENCE / gpu / "ddp_no_sync" / variant).glob("*rank0*.pt.trace.json.gz"))
+        columns = trace_columns.read_trace(path)
+        backward = merge(columns.regions["backward"])
+        starts = columns.collective_spans.start
+        inside = sum(bool(((backward.start <= x) & (x < backward.end)).any()) for x in starts)
+        steps = columns.steps
+        recorded = ((columns.gradient_collective_start >= steps.start[0])
+                    & (columns.gradient_collective_start < steps.end[-1]))
+        mb = float(columns.gradient_collective_size[recorded].sum()) * 4 / 1e6 / steps.size
+        assert inside == starts.size, variant
+        found[variant] = (starts.size, mb)
+        in_collectives = analyze.analyze_trace(path)["distributed"]["collective_ms_per_step"]
+        assert f"{in_collectives:,.0f} ms a step" in walkthrough or (
+            f"{in_collectives:,.0f} ms in 9" in walkthrough), (variant, in_collectives)
+    (bad_count, bad_mb), (fixed_count, fixed_mb) = found["bad"], found["fixed"]
+    for said in (f"({bad_count} of {bad_count} in `bad`'s three recorded steps on rank 0, "
+                 f"{fixed_count} of {fixed_count} in `fixed`'s)",
+                 f"`bad` all-reduces {bad_mb:,.0f} MB", f"`fixed` {fixed_mb:,.0f} MB in 9",
+                 f"{bad_mb / fixed_mb:.1f}× fewer bytes"):
+        assert said in walkthrough, said
 
 
 @pytest.mark.parametrize(("gpu", "demo"), PAIRS)
