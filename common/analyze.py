@@ -6,8 +6,9 @@ and a plain verdict per bottleneck, each pointing at the demo that fixes it.
 PATH is a .pt.trace.json(.gz) file or a run directory (its newest trace). Imports no torch:
 parsing is msgspec (typed and streamed; orjson or json where it is missing), interval work is
 numpy (sort, merge). The parts, in common/: trace_columns.py (reading a trace), intervals.py,
-metrics.py (the numbers and their definitions), syncs.py (where each host sync comes from),
-verdicts.py.
+trace_steps.py (the steps and the basics every metric reads), metrics.py (the GPU numbers and
+their definitions), idle_causes.py (why the GPU is idle), syncs.py (where each host sync comes
+from), communication.py (torch.distributed), verdicts.py.
 """
 from __future__ import annotations
 
@@ -20,30 +21,34 @@ from pathlib import Path
 import numpy as np
 
 from common import sanity, trace
+from common.communication import distributed_metrics
 from common.frames import FrameTimes, frame_times, python_frames
-from common.syncs import host_syncs
-from common.intervals import Spans, merge, union_in
-from common.metrics import (
-    BREAKDOWN_ROLES,
+from common.idle_causes import (
     IDLE_CAUSES,
-    SHORT_KERNEL_US,
-    US_PER_MS,
-    attention_metrics,
-    copy_calls,
-    distributed_metrics,
-    extend_steps,
-    gpu_metrics,
     host_region_metrics,
     host_regions,
-    host_steps,
     initialization,
     initialization_warning,
+)
+from common.intervals import Spans, merge, union_in
+from common.metrics import (
+    SHORT_KERNEL_US,
+    attention_metrics,
+    copy_calls,
+    gpu_metrics,
     optimizer_metrics,
+)
+from common.syncs import host_syncs
+from common.trace_columns import TraceColumns, read_trace
+from common.trace_steps import (
+    BREAKDOWN_ROLES,
+    US_PER_MS,
+    extend_steps,
+    host_steps,
     runtime_step_index,
     step_breakdown_ms,
     time_by_name,
 )
-from common.trace_columns import TraceColumns, read_trace
 from common.verdicts import (
     HOST_OVERHEAD_OPERATORS_SHOWN,
     findings_for,
@@ -57,7 +62,7 @@ CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 C
 # calls, its deviceProperties name says so ("AMD Instinct MI250X", "AMD Radeon Graphics"; Kineto on
 # ROCm writes warpSize 64 there, NVIDIA's is 32).
 AMD_DEVICE_MARKERS = ("AMD", "Radeon", "Instinct")
-# How the human output and the report name each idle cause (metrics.IDLE_CAUSES); a host region
+# How the human output and the report name each idle cause (idle_causes.IDLE_CAUSES); a host region
 # is named by its own name (idle_cause_label).
 IDLE_CAUSE_LABELS = {"dataloader": "DataLoader", "host_sync": "host syncs",
                      "before_first_op": "before the first GPU op", "launch": "launches",

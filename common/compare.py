@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from common import analyze, trace
-from common.metrics import BREAKDOWN_ROLES, TimeByName, time_by_name
+from common.trace_steps import BREAKDOWN_ROLES, TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")  # a demo's two runs
 BEFORE_AFTER = ("before", "after")  # any two runs
@@ -283,7 +283,7 @@ def step_parts_ms(analysis: dict) -> dict[str, float]:
 
 
 # On a GPU trace, what holds the step: the GPU's own work, or the cause of its idle time
-# (metrics.IDLE_CAUSES), in words.
+# (idle_causes.IDLE_CAUSES), in words.
 BOUND_WORDS = {
     "busy": "the GPU's own work: faster kernels (precision, fusion, attention) shorten the step",
     "dataloader": "the GPU waiting for the DataLoader",
@@ -292,7 +292,7 @@ BOUND_WORDS = {
     "launch": "the GPU waiting for the host to enqueue work (Python, dispatch, launch calls)",
     "other": "the GPU waiting with work queued (another stream, an event, another rank)",
     "unrecorded": "work launched before the recording, which the trace does not hold"}
-# A host region's cause (metrics.host_regions), by its name.
+# A host region's cause (idle_causes.host_regions), by its name.
 REGION_BOUND_WORDS = "the GPU waiting for host work in region {name}"
 # On a CPU-only trace, what each part of the step breakdown means.
 PART_WORDS = {
@@ -366,8 +366,8 @@ def what_changed(bad: TimeByName, fixed: TimeByName,
     """The operators and kernels whose total time per step changed most from bad to fixed (HTA's
     trace_diff, per step): name, ms per step and calls per step in each (0 where a name is
     absent), keyed by `labels` ("bad_ms_per_step", or "before_..." for any two runs). Operator
-    times are self times (metrics.self_time_us: the operators a parent holds on its thread are
-    taken off its time); kernels are those the recorded steps ran (metrics.kernels_of_steps)."""
+    times are self times (trace_steps.self_time_us: the operators a parent holds on its thread are
+    taken off its time); kernels are those the recorded steps ran (trace_steps.kernels_of_steps)."""
     return {kind: changed_rows(getattr(bad, kind), getattr(fixed, kind), labels)
             for kind in ("operators", "kernels")}
 

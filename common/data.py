@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from common import harness
+from common import harness, runs
 
 # The usual ImageNet normalisation constants (torchvision's reference training scripts).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -206,10 +206,10 @@ def shm_prefetch_factor(run, images: JpegImages, num_workers: int, wanted: int) 
     wanted_gib = math.ceil(shm_needed_bytes(batch_bytes, num_workers, wanted) / BYTES_PER_GIB)
     shm_size = f"--shm-size={wanted_gib}g"
     if fits < 1:
-        harness.fail(f"{SHM_PATH} has {free_mb:.0f} MB free, too little for {workers} to hand "
+        runs.fail(f"{SHM_PATH} has {free_mb:.0f} MB free, too little for {workers} to hand "
                      f"over even one {batch} batch each; give the container more shared memory: "
                      f"docker run {shm_size} ...")
-    harness.log(run, f"prefetch_factor {fits}, not {wanted}: {workers} x {wanted} batches of "
+    runs.log(run, f"prefetch_factor {fits}, not {wanted}: {workers} x {wanted} batches of "
                      f"{batch} do not fit in {SHM_PATH} ({free_mb:.0f} MB free); for {wanted}, "
                      f"docker run {shm_size}")
     run.config.update(prefetch_factor_wanted=wanted, shm_free_mb=round(free_mb))

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.intervals import Spans, concat
-from common.metrics import US_PER_MS, per_name, self_time_us
 from common.syncs import innermost_holders
 from common.trace_columns import TraceColumns
+from common.trace_steps import US_PER_MS, per_name, self_time_us
 
 HOT_FRAMES_SHOWN = 10  # the top frames by self time, as cProfile's listings show
 USER_LINES_SHOWN = 3  # lines of the user's code named per kind (syncs, copies)

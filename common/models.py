@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torchvision
 
-from common import harness
+from common import harness, runs
 
 SGD_LR = 0.1  # torchvision's ResNet reference recipe (batch 256)
 SGD_MOMENTUM = 0.9
@@ -159,7 +159,7 @@ def adamw(run, model: torch.nn.Module, **implementation: bool) -> torch.optim.Ad
     params = list(model.parameters())
     chosen = ", ".join(f"{flag}={value}" for flag, value in implementation.items()) or "default"
     run.config.update(optimizer=f"AdamW({chosen})", parameter_tensors=len(params))
-    harness.log(run, f"optimizer: AdamW({chosen}) over {len(params)} parameter tensors")
+    runs.log(run, f"optimizer: AdamW({chosen}) over {len(params)} parameter tensors")
     return torch.optim.AdamW(params, lr=ADAMW_LR, **implementation)
 
 

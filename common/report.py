@@ -28,7 +28,7 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import analyze, compare, intervals, metrics, trace  # noqa: E402
+from common import analyze, compare, intervals, trace, trace_steps  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def breakdown_figure(analyses: dict[str, analyze.Analysis], title: str):
     table = np.array(rows)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(labels) + 2), 4.2))
     bottom = np.zeros(len(labels))
-    for index, role in enumerate(metrics.BREAKDOWN_ROLES):
+    for index, role in enumerate(trace_steps.BREAKDOWN_ROLES):
         if table[:, index].any():
             ax.bar(labels, table[:, index], bottom=bottom, color=ROLE_COLORS[role],
                    label=role.replace("_", " "))
@@ -140,7 +140,7 @@ def timeline_figure(analyses: dict[str, analyze.Analysis], title: str):
     def extent(a: analyze.Analysis) -> tuple[float, float]:
         return min(a.host_window[0], a.window[0]), max(a.host_window[1], a.window[1])
 
-    longest_ms = max((high - low) / metrics.US_PER_MS
+    longest_ms = max((high - low) / trace_steps.US_PER_MS
                      for low, high in map(extent, analyses.values()))
     edges_ms = np.linspace(0, longest_ms, TIMELINE_COLUMNS + 1)
     fig, axes = plt.subplots(len(analyses), 1, figsize=(11, 1.0 + 1.7 * len(analyses)),
@@ -154,12 +154,12 @@ def timeline_figure(analyses: dict[str, analyze.Analysis], title: str):
             rows.append(("GPU kernels", analysis.kernel_busy, analysis.window))
         for y, (name, spans, window) in enumerate(rows):
             share = busy_share(intervals.clip(spans, *window),
-                               origin + edges_ms * metrics.US_PER_MS)
+                               origin + edges_ms * trace_steps.US_PER_MS)
             # Rows grow up from their baseline (y + 0.4: the y axis runs top down).
             ax.fill_between(edges_ms, y + 0.4, y + 0.4 - 0.8 * np.r_[share, share[-1]],
                             step="post", lw=0, color=REGION_COLORS.get(name, "#2e7d32"))
         for edge in np.r_[analysis.steps.start, analysis.steps.end[-1:]]:
-            ax.axvline((edge - origin) / metrics.US_PER_MS, color="#616161", lw=0.8, ls="--",
+            ax.axvline((edge - origin) / trace_steps.US_PER_MS, color="#616161", lw=0.8, ls="--",
                        zorder=0)  # behind the rows: a row shows all it paints
         ax.set_yticks(range(len(rows)), [name for name, _, _ in rows], fontsize=8)
         ax.set_ylim(max(len(rows), 1) - 0.4, -0.6)  # first row on top
@@ -168,7 +168,7 @@ def timeline_figure(analyses: dict[str, analyze.Analysis], title: str):
         ax.set_title(f"{variant}: GPU utilization {gpu['utilization_pct']:.0f} %" if has_gpu
                      else f"{variant}: CPU-only trace, no GPU timeline - the CPU's step regions",
                      fontsize=9, loc="left")
-    column_us = longest_ms / TIMELINE_COLUMNS * metrics.US_PER_MS
+    column_us = longest_ms / TIMELINE_COLUMNS * trace_steps.US_PER_MS
     axes[-1, 0].set_xlabel(f"ms since the first profiled step (dashed: step boundaries, as the "
                            f"GPU ran them; a row's height: the share of each {column_us:.3g} µs "
                            f"it is busy)")
@@ -186,7 +186,7 @@ def memory_figure(analyses: dict[str, analyze.Analysis], title: str):
         if not analysis.memory_mb.size:
             continue
         # Allocations are recorded when the CPU asks for them: time them from the host steps.
-        ms = (analysis.memory_ts - analysis.host_window[0]) / metrics.US_PER_MS
+        ms = (analysis.memory_ts - analysis.host_window[0]) / trace_steps.US_PER_MS
         device = "GPU" if analysis.result["gpu"] else "CPU"
         ax.step(ms, analysis.memory_mb, where="post", lw=1.2,
                 color=VARIANT_COLORS.get(variant),

@@ -27,7 +27,7 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 BYTES_PER_MB = 1024 * 1024  # MiB, the unit torch.cuda.memory_summary uses
 CPU_DEVICE_TYPE = 0  # "Device Type" of a [memory] event: 0 is the CPU, 1 is CUDA (c10::DeviceType)
 GZIP_MAGIC = b"\x1f\x8b"  # a gzip file's first two bytes, whatever the file is called
-SUMMARY_FILE = "summary.json"  # what a demo run writes beside its trace (common/harness.py)
+SUMMARY_FILE = "summary.json"  # what a demo run writes beside its trace (common/profiling.py)
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step marker: record_function("ProfilerStep#N")
 # The spans PyTorch's DataLoader and DataPipes open around fetching a batch, as the TensorBoard
 # plugin recognises them: enumerate(DataLoader)#<iterator>.__next__, and enumerate(DataPipe)#...

@@ -51,7 +51,7 @@ CPU_OP_CATEGORIES = {"cpu_op", "operator", "python"}
 PYTHON_FRAME_CATEGORY = "python_function"
 
 # record_function ranges are written in this category by current Kineto (and stay so after our
-# TensorBoard rewrite): where the host regions (metrics.host_regions) are looked for, besides the
+# TensorBoard rewrite): where the host regions (idle_causes.host_regions) are looked for, besides the
 # harness's own region names in any category (the 2021 vocabulary writes every range and
 # operator as "Operator", where a user's region cannot be told from an operator).
 ANNOTATION_CATEGORY = "user_annotation"
@@ -129,7 +129,7 @@ SYNC_PATTERN = re.compile(r"^(?:(?:cu|hip)\w*Synchronize"
 GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
 # Runtime calls that enqueue a copy or a memset (cudaMemcpyAsync, cudaMemsetAsync, cuMemcpyHtoD,
 # hipMemcpyWithStream, ...): GPU work as much as a launch. A host region that holds one
-# (metrics.host_regions) is not host work alone.
+# (idle_causes.host_regions) is not host work alone.
 COPY_PREFIXES = ("cudaMemcpy", "cudaMemset", "cuMemcpy", "cuMemset", "hipMemcpy", "hipMemset")
 HIP_API_PREFIX = "hip"  # runtime calls named hip*: a ROCm (AMD GPU) trace
 # Current Kineto also writes each sync as an event of its own (category cuda_sync, on the GPU's
@@ -220,7 +220,7 @@ class TraceColumns:
     # Per operator: a harness region written as an operator (the 2021 vocabulary), which is no
     # PyTorch operator for the host regions' "outside operators" test.
     cpu_op_is_region: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
-    # Host region candidates (metrics.host_regions): record_function ranges on a CPU
+    # Host region candidates (idle_causes.host_regions): record_function ranges on a CPU
     # (ANNOTATION_CATEGORY, and the harness's regions in any category) but steps, DataLoader
     # spans, the optimizer region and collectives; sorted by start, with their names.
     annotations: Spans = field(default_factory=Spans.empty)

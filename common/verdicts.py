@@ -2,7 +2,8 @@
 its evidence, the fix and the demo that shows it."""
 from __future__ import annotations
 
-from common.metrics import SHORT_KERNEL_US, US_PER_MS
+from common.metrics import SHORT_KERNEL_US
+from common.trace_steps import US_PER_MS
 
 # --- Verdict thresholds. ----------------------------------------------------------------------
 DATALOADER_SHARE_MIN_PCT = 20.0  # % of the window; gpu-idle and fournex use 20 %
@@ -24,7 +25,7 @@ HOST_SYNC_PER_STEP_MIN = 1.0  # synchronize calls per step; peers' rule
 # Peers ask for "idle gaps after" the syncs without a number; 5 % of the window is our cut: it
 # stays silent on one .item() per step in a GPU-bound loop (a gap of tens of µs in a 30 ms step).
 HOST_SYNC_IDLE_MIN_PCT = 5.0
-# Syncs are read by cause (metrics.SYNC_CAUSES): value reads and the rest are host_sync's; syncs
+# Syncs are read by cause (syncs.SYNC_CAUSES): value reads and the rest are host_sync's; syncs
 # inside host-to-device copies are h2d_copy's (same two thresholds), whose fix is pinned memory.
 HOST_SYNC_CAUSES = ("value_read", "other")
 # Host round trips: data sent to the host and back in a step (a device-to-host copy answered by a
@@ -68,7 +69,7 @@ DDP_SYNCED_MICRO_BATCHES_MIN = 2  # micro-batches per step that end in an all-re
 # host then sets the pace, not the GPU; the same line as small_batch's utilization.
 HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT = 50.0  # % of the window the GPU waits for an enqueue
 HOST_OVERHEAD_OPERATORS_SHOWN = 3  # operators named in its evidence, by self time per step
-# Host regions (metrics.host_regions: a record_function range that enqueues no GPU work and runs
+# Host regions (idle_causes.host_regions: a record_function range that enqueues no GPU work and runs
 # almost all outside PyTorch operators, a tokenizer say): one region is the cause of this share
 # of the window's GPU idle time (on a CPU-only trace: holds this share of the window). A fifth
 # of the window waiting on host work, as the DataLoader's 20 % is a fifth waiting on data.
@@ -113,7 +114,7 @@ def rule_dataloader(m: dict) -> dict | None:
 
 
 def rule_host_region(m: dict) -> dict | None:
-    """A named host region (metrics.host_regions) the GPU waits on, or, without a GPU, that
+    """A named host region (idle_causes.host_regions) the GPU waits on, or, without a GPU, that
     holds the window: the largest by that share."""
     regions = m.get("host_regions") or {}
     gpu = m["gpu"]

@@ -31,7 +31,7 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import analyze, compare, intervals, metrics, report, syncs, trace  # noqa: E402
+from common import analyze, compare, intervals, report, syncs, trace, trace_steps  # noqa: E402
 from common.intervals import Spans  # noqa: E402
 from common.kernel_names import ATTENTION_PATTERN, uses_tensor_cores  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
@@ -377,7 +377,7 @@ def step_end_ms(analysis: analyze.Analysis, zoom: Zoom) -> float:
     end = host.end[min(index, host.size - 1)]
     if zoom.until != HOST:
         end = max(end, analysis.steps.end[index])
-    return (end - origin_of(analysis, zoom.anchor)) / metrics.US_PER_MS
+    return (end - origin_of(analysis, zoom.anchor)) / trace_steps.US_PER_MS
 
 
 def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
@@ -409,8 +409,8 @@ def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
 def host_sync_ends(analysis: analyze.Analysis) -> np.ndarray:
     """When each host sync returned (µs): the analyzer's own list (syncs.host_syncs)."""
     columns = analysis.columns
-    host = metrics.host_steps(columns)
-    found = syncs.host_syncs(columns, host, metrics.runtime_step_index(columns, host))
+    host = trace_steps.host_steps(columns)
+    found = syncs.host_syncs(columns, host, trace_steps.runtime_step_index(columns, host))
     return np.sort(found.end)
 
 
@@ -434,9 +434,9 @@ def sync_gaps(analysis: analyze.Analysis, low_us: float, high_us: float) -> Span
 def panel_of(demo: str, zoom: Zoom, variant: str, analysis: analyze.Analysis, summary: dict,
              edges_ms: np.ndarray) -> Panel:
     origin = origin_of(analysis, zoom.anchor)
-    edges_us = origin + edges_ms * metrics.US_PER_MS
+    edges_us = origin + edges_ms * trace_steps.US_PER_MS
     extent_end = max(analysis.host_window[1], analysis.window[1])
-    end_ms = (extent_end - origin) / metrics.US_PER_MS
+    end_ms = (extent_end - origin) / trace_steps.US_PER_MS
     rows = {}
     for key in zoom.rows:
         spans = row_spans(analysis, key)
@@ -453,12 +453,12 @@ def panel_of(demo: str, zoom: Zoom, variant: str, analysis: analyze.Analysis, su
     steps = analysis.steps  # as the GPU ran them (extended steps)
     if zoom.until == HOST and analysis.columns.steps.size:
         steps = analysis.columns.steps  # ProfilerStep#N on the host
-    memory_ms = (analysis.memory_ts - origin) / metrics.US_PER_MS if zoom.memory else np.empty(0)
+    memory_ms = (analysis.memory_ts - origin) / trace_steps.US_PER_MS if zoom.memory else np.empty(0)
     return Panel(variant=variant, headline=HEADLINES[demo](variant, analysis.result, summary),
                  origin_us=origin, end_ms=end_ms,
-                 step_edges_ms=(np.r_[steps.start, steps.end[-1:]] - origin) / metrics.US_PER_MS,
+                 step_edges_ms=(np.r_[steps.start, steps.end[-1:]] - origin) / trace_steps.US_PER_MS,
                  rows=rows, gpu_busy_pct=100.0 * busy / covered if covered > 0 else 0.0,
-                 sync_gaps_ms=Spans(*((side - origin) / metrics.US_PER_MS for side in
+                 sync_gaps_ms=Spans(*((side - origin) / trace_steps.US_PER_MS for side in
                                       (gaps.start, gaps.end))),
                  memory_ms=memory_ms,
                  memory_mb=analysis.memory_mb if zoom.memory else np.empty(0))
@@ -552,8 +552,8 @@ def fmt_ms(value: float) -> str:
 
 
 def column_text(data: FigureData) -> str:
-    column_us = (data.window_ms[1] - data.window_ms[0]) / COLUMNS * metrics.US_PER_MS
-    return (fmt_ms(column_us / metrics.US_PER_MS) if column_us >= metrics.US_PER_MS
+    column_us = (data.window_ms[1] - data.window_ms[0]) / COLUMNS * trace_steps.US_PER_MS
+    return (fmt_ms(column_us / trace_steps.US_PER_MS) if column_us >= trace_steps.US_PER_MS
             else f"{column_us:.3g} µs")
 
 

@@ -73,7 +73,7 @@ class KinetoTrace:
     events: list = field(default_factory=list)
     device_properties: list = field(default_factory=list)
     # A real trace's correlation ids count every API call since the process began: ids below
-    # its first call's belong to calls made before the recording (metrics.unrecorded_work).
+    # its first call's belong to calls made before the recording (idle_causes.unrecorded_work).
     next_correlation: int = 1000
 
     def category(self, role: str) -> str | None:

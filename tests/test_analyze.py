@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common import analyze, kernel_names, metrics, trace
+from common import analyze, kernel_names, trace, trace_steps
 from common.verdicts import DATALOADER_SHARE_MIN_PCT, HOST_SYNC_IDLE_MIN_PCT
 from tests.conftest import ROOT, read_summary
 from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FLASH_FP16_BWD,
@@ -101,7 +101,7 @@ def test_step_breakdown_follows_the_plugin_priority(tmp_path, vocabulary):
     the DataLoader's and the step's category (an operator one in 2021 and after the rewrite),
     they are not CPU Exec."""
     analysis = analyze.analyze(hand_trace(vocabulary).write(tmp_path / "t.pt.trace.json"))
-    step_1 = dict(zip(metrics.BREAKDOWN_ROLES, analysis.breakdown_ms[0] * 1000))
+    step_1 = dict(zip(trace_steps.BREAKDOWN_ROLES, analysis.breakdown_ms[0] * 1000))
     expected = {"kernel": 35, "memcpy": 10, "memset": 0, "runtime": 5, "dataloader": 4,
                 "cpu_exec": 6, "other": 35}
     assert step_1 == pytest.approx(expected)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import analyze, metrics
+from common import analyze, trace_steps
 from tests.conftest import ROOT
 from tests.kineto_builder import KinetoTrace
 
@@ -70,9 +70,9 @@ def test_a_graph_replay_counts_its_kernels_as_launched(tmp_path, api):
     assert gpu["graph_kernels_per_step"] == KERNELS
     assert gpu["graph_launch_ms_per_step"] == pytest.approx(0.02)
     columns = analysis.columns
-    call = metrics.launching_call(columns, columns.kernel_correlation)
+    call = trace_steps.launching_call(columns, columns.kernel_correlation)
     assert (call >= 0).all() and columns.runtime_is_graph_launch[call].all()
-    assert metrics.kernels_of_steps(columns, analysis.window, analysis.host_window).sum() == (
+    assert trace_steps.kernels_of_steps(columns, analysis.window, analysis.host_window).sum() == (
         3 * KERNELS)
     assert ("1 launches/step, 1 of them CUDA graph launches replaying 200 kernels/step"
             in analyze.format_human(analysis.result))
@@ -217,8 +217,8 @@ def test_torch_compile_reduce_overhead_on_an_h100():
     assert gpu["launches_per_step"] == launches / steps
     assert 100 * gpu["graph_kernels_per_step"] / gpu["kernels_per_step"] > 95
     columns = analysis.columns
-    ours = metrics.kernels_of_steps(columns, analysis.window, analysis.host_window)
-    call = metrics.launching_call(columns, columns.kernel_correlation)
+    ours = trace_steps.kernels_of_steps(columns, analysis.window, analysis.host_window)
+    call = trace_steps.launching_call(columns, columns.kernel_correlation)
     replayed = (call >= 0) & columns.runtime_is_graph_launch[np.maximum(call, 0)]
     assert int((ours & replayed).sum()) == kernels  # every replayed kernel is the steps'
     found = {f["id"]: f for f in analysis.result["findings"]}

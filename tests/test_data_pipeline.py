@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from common import data, harness, presets
+from common import data, harness, presets, runs
 
 CPU = torch.device("cpu")
 SMOKE = presets.PRESETS["dataloader_workers"]["smoke"].sizes
@@ -45,7 +45,7 @@ def test_batch_bytes_of_the_gpu_preset_are_the_readme_figures():
     assert batch * float32.sample_bytes() == 4 * 256 * 3 * 224 * 224 + label_bytes  # 154 MB
 
 
-def smoke_run(tmp_path, variant: str = "fixed") -> harness.Run:
+def smoke_run(tmp_path, variant: str = "fixed") -> runs.Run:
     return harness.setup("dataloader_workers", variant,
                          ["--device", "cpu", "--smoke", "--out", str(tmp_path)])
 

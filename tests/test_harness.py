@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common import harness, presets
+from common import devices, harness, presets, profiling, runs
 
 
 def test_defaults(monkeypatch):
@@ -15,8 +15,8 @@ def test_defaults(monkeypatch):
     assert run.device.type == "cpu" and run.preset_name == "cpu"
     assert run.steps == presets.PRESETS["dataloader_workers"]["cpu"].steps
     assert run.out_dir == harness.DEFAULT_OUT / "dataloader_workers" / "bad"
-    assert run.total_steps == (run.preset.warmup_steps + run.steps + harness.PROFILE_WAIT_STEPS
-                               + harness.PROFILE_WARMUP_STEPS + harness.PROFILE_ACTIVE_STEPS)
+    assert run.total_steps == (run.preset.warmup_steps + run.steps + runs.PROFILE_WAIT_STEPS
+                               + runs.PROFILE_WARMUP_STEPS + runs.PROFILE_ACTIVE_STEPS)
 
 
 def test_flags_override_the_preset(tmp_path):
@@ -71,7 +71,7 @@ def test_clear_run_dir_removes_only_what_a_run_writes(tmp_path):
     for name in ("old.123.pt.trace.json.gz", "old.pt.trace.json", "summary.json",
                  "key_averages.txt", "notes.md"):
         (tmp_path / name).write_text("x")
-    harness.clear_run_dir(tmp_path)
+    runs.clear_run_dir(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]
 
 
@@ -81,13 +81,13 @@ def test_missing_compile_toolchain_is_one_line_exit_2(monkeypatch, capsys, tmp_p
     include = tmp_path / "include"
     include.mkdir()
     (include / "Python.h").write_text("")
-    monkeypatch.setattr(harness.sysconfig, "get_paths", lambda: {"include": str(include)})
-    monkeypatch.setattr(harness.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(devices.sysconfig, "get_paths", lambda: {"include": str(include)})
+    monkeypatch.setattr(devices.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.delenv("CXX", raising=False)
     harness.require_compile_toolchain(run)  # all there: no exit
 
     monkeypatch.setenv("CXX", "no-such-compiler-zzz")  # Inductor would use it and nothing else
-    monkeypatch.setattr(harness.shutil, "which",
+    monkeypatch.setattr(devices.shutil, "which",
                         lambda name: None if name == "no-such-compiler-zzz" else f"/usr/bin/{name}")
     with pytest.raises(SystemExit) as exit_info:
         harness.require_compile_toolchain(run)
@@ -95,12 +95,12 @@ def test_missing_compile_toolchain_is_one_line_exit_2(monkeypatch, capsys, tmp_p
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "no-such-compiler-zzz" in error
     monkeypatch.delenv("CXX")
-    monkeypatch.setattr(harness.shutil, "which", lambda name: None)
+    monkeypatch.setattr(devices.shutil, "which", lambda name: None)
     with pytest.raises(SystemExit):
         harness.require_compile_toolchain(run)
     assert "a compiler (c++, g++, clang++)" in capsys.readouterr().err
     (include / "Python.h").unlink()
-    monkeypatch.setattr(harness.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(devices.shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(SystemExit):
         harness.require_compile_toolchain(run)
     error = capsys.readouterr().err
@@ -121,7 +121,7 @@ def test_each_step_is_timed_from_its_start_to_its_end(monkeypatch, tmp_path):
     run = harness.setup("launch_overhead", "bad", ["--device", "cpu", "--smoke",
                                                    "--out", str(tmp_path)])
     clock = FakeClock()
-    monkeypatch.setattr(harness.time, "perf_counter", clock)
+    monkeypatch.setattr(profiling.time, "perf_counter", clock)
     durations_s = iter([0.004, 0.006, 0.005])
     markers = []
 
@@ -132,7 +132,7 @@ def test_each_step_is_timed_from_its_start_to_its_end(monkeypatch, tmp_path):
         markers.append(clock.now_s)
         clock.now_s += 2.0
 
-    wall_s, step_ms = harness.clocked_steps(run, step, 3, "test", after_step=after_step)
+    wall_s, step_ms = profiling.clocked_steps(run, step, 3, "test", after_step=after_step)
     assert step_ms.tolist() == pytest.approx([4.0, 6.0, 5.0])  # the markers' 2 s not included
     assert len(markers) == 3 and wall_s == pytest.approx(0.015 + 3 * 2.0)
 
@@ -190,14 +190,14 @@ def test_a_cuda_trace_without_kernels_stops_the_run(monkeypatch, capsys, tmp_pat
     (run.out_dir / "w.1.pt.trace.json.gz").write_bytes(b"")
     cpu_only = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5},
                 {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2}]
-    harness.require_gpu_kernels(run, cpu_only)  # a CPU run: nothing to check
+    profiling.require_gpu_kernels(run, cpu_only)  # a CPU run: nothing to check
     run.device = torch.device("cuda")
     for vocabulary in ("kernel", "Kernel"):  # today's category, and 2021's
         with_kernel = cpu_only + [{"ph": "X", "cat": vocabulary, "name": "sgemm", "ts": 3,
                                    "dur": 9}]
-        harness.require_gpu_kernels(run, with_kernel)
+        profiling.require_gpu_kernels(run, with_kernel)
     with pytest.raises(SystemExit) as exit_info:
-        harness.require_gpu_kernels(run, cpu_only)
+        profiling.require_gpu_kernels(run, cpu_only)
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "holds no GPU kernel events" in error
@@ -215,7 +215,7 @@ def test_mixed_precision_runs_small_on_a_cpu_without_bf16_units(monkeypatch, tmp
                                                                 demo, expected):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(harness, "CPUINFO_PATH", cpuinfo)
+    monkeypatch.setattr(devices, "CPUINFO_PATH", cpuinfo)
     for variant in ("bad", "fixed"):  # the same preset for both: compare checks it
         run = harness.setup(demo, variant, ["--device", "cpu"])
         assert run.preset_name == expected

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common import analyze, trace_columns
-from common.metrics import INIT_LAUNCH_MIN_MS
+from common.idle_causes import INIT_LAUNCH_MIN_MS
 from common.verdicts import EXPOSED_COMM_MIN_PCT, HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT
 from tests.kineto_builder import BF16_GEMM, ELEMENTWISE, KinetoTrace
 

@@ -1,4 +1,4 @@
-"""Host regions (metrics.host_regions): a record_function range that enqueues no GPU work and
+"""Host regions (idle_causes.host_regions): a record_function range that enqueues no GPU work and
 spends at least four fifths of its time outside PyTorch operators and collective calls is host
 work, a cause of the GPU's idle time by its own name (after the DataLoader, before host syncs),
 a share of the window on a trace without a GPU, and the host_region verdict. Hand-built traces whose numbers are worked out in
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import analyze, compare, metrics
-from common.metrics import HOST_REGION_OUTSIDE_OPS_MIN, IDLE_CAUSES
+from common import analyze, compare, idle_causes
+from common.idle_causes import HOST_REGION_OUTSIDE_OPS_MIN, IDLE_CAUSES
 from common.verdicts import HOST_REGION_MIN_PCT
 from tests.kineto_builder import KinetoTrace
 
@@ -209,8 +209,8 @@ def test_a_region_named_like_a_fixed_cause_gets_its_own_key(tmp_path):
     assert idle["launch (region)"] == pytest.approx(40.0)
     assert idle["launch"] == pytest.approx(693 / 30)
     assert result["host_regions"]["launch"]["gpu_idle_pct"] == pytest.approx(40.0)
-    assert metrics.region_cause("busy") == "busy (region)"
-    assert metrics.region_cause("tokenize") == "tokenize"
+    assert idle_causes.region_cause("busy") == "busy (region)"
+    assert idle_causes.region_cause("tokenize") == "tokenize"
     assert_idle_adds_up(result)
 
 

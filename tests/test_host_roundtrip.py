@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from common import harness, trace
+from common import runs, trace
 from tests.conftest import ROOT, assert_timing_is_consistent, read_summary, run_demo
 
 DEMO = "host_roundtrip"
@@ -93,7 +93,7 @@ def test_smoke_runs_write_a_summary(smoke_out):
 
 def test_bad_trace_holds_the_round_trip_and_fixed_none(smoke_out):
     bad, fixed = op_counts(smoke_out, "bad"), op_counts(smoke_out, "fixed")
-    steps = harness.PROFILE_ACTIVE_STEPS
+    steps = runs.PROFILE_ACTIVE_STEPS
     assert bad["aten::nonzero"] == 2 * steps  # the selection, and its backward
     assert bad["aten::lift_fresh"] == 2 * steps  # torch.tensor(list), torch.from_numpy
     assert bad["aten::resolve_neg"] == 3 * steps  # two .tolist(), one .numpy()

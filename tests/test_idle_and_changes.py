@@ -9,7 +9,7 @@ import pytest
 
 from common import analyze, compare, report
 from common.intervals import Spans, covered_length
-from common.metrics import self_time_us
+from common.trace_steps import self_time_us
 from tests.kineto_builder import BF16_GEMM, ELEMENTWISE, KinetoTrace, write_demo_run
 
 T0 = 1_000_000.0  # µs

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from common import data, harness, models, trace
+from common import data, devices, harness, models, profiling, runs, trace
 from tests.conftest import ROOT, read_summary, run_demo
 
 # Two greedy decoders that differ in float rounding (a masked attention over the static cache's
@@ -106,14 +106,14 @@ def test_bad_grows_its_cache_by_cat_and_fixed_writes_in_place(demos_smoke_out):
 
 
 def test_inference_numbers_read_only_the_timed_requests():
-    requests = harness.Requests(latency_ms=[100.0, 100.0], first_token_ms=[50.0, 50.0],
+    requests = runs.Requests(latency_ms=[100.0, 100.0], first_token_ms=[50.0, 50.0],
                                 per_token_ms=[9.0] * 4, tokens=6)
     before = requests.mark()
     requests.latency_ms += [10.0, 20.0, 30.0, 40.0]
     requests.first_token_ms += [1.0, 2.0, 3.0, 4.0]
     requests.per_token_ms += [1.0, 3.0] * 4
     requests.tokens += 12
-    numbers = harness.inference_numbers(requests, before, wall_s=2.0)
+    numbers = profiling.inference_numbers(requests, before, wall_s=2.0)
     assert numbers["requests_per_s"] == 2.0 and numbers["tokens_per_s"] == 6.0
     assert numbers["latency_ms"]["p50"] == 25.0 and numbers["latency_ms"]["max"] == 40.0
     assert numbers["time_to_first_token_ms"]["max"] == 4.0
@@ -126,10 +126,10 @@ def test_skipped_cuda_graphs_stop_the_run(monkeypatch, tmp_path, capsys):
                                                 "--out", str(tmp_path)])
     (run.out_dir / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     (run.out_dir / "summary.json").write_text(json.dumps({}))
-    harness.require_cuda_graphs(run)  # no skip so far: passes
+    devices.require_cuda_graphs(run)  # no skip so far: passes
     monkeypatch.setitem(counters["inductor"], "cudagraph_skips", 2)
     with pytest.raises(SystemExit) as stopped:
-        harness.require_cuda_graphs(run)
+        devices.require_cuda_graphs(run)
     assert stopped.value.code == 2
     message = capsys.readouterr().err.strip()
     assert message.count("\n") == 0 and "skipped CUDA graphs 2 time(s)" in message

@@ -9,7 +9,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from common import harness, models
+from common import devices, models
 
 SIZES = dict(vocab=128, d_model=64, heads=2, blocks=2, seq_len=32)
 BATCH = 2
@@ -38,7 +38,7 @@ def test_transformer_flops_match_pytorchs_flop_counter():
 def test_share_of_the_bf16_peak(device_name, peak):
     run = SimpleNamespace(config={"model_tflop_per_step": 86.0}, device_name=device_name,
                           is_cuda=True)
-    result = harness.flops_achieved(run, step_ms_p50=200.0)  # 86 TFLOP in 0.2 s
+    result = devices.flops_achieved(run, step_ms_p50=200.0)  # 86 TFLOP in 0.2 s
     assert result["achieved_tflops"] == pytest.approx(430.0)
     assert result["bf16_peak_tflops"] == peak
     assert result["bf16_peak_pct"] == (None if peak is None else pytest.approx(43000.0 / peak))
@@ -46,4 +46,4 @@ def test_share_of_the_bf16_peak(device_name, peak):
 
 def test_no_flops_recorded_no_figures():
     run = SimpleNamespace(config={}, device_name="NVIDIA H100 80GB HBM3", is_cuda=True)
-    assert harness.flops_achieved(run, step_ms_p50=10.0) == {}
+    assert devices.flops_achieved(run, step_ms_p50=10.0) == {}

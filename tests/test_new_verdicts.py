@@ -68,7 +68,7 @@ def test_a_multi_tensor_op_or_no_region_silences_it(tmp_path):
     result = analyze.analyze_trace(optimizer_trace(30, 200, 5, region="forward")
                                    .write(tmp_path / "t.json"))
     # No optimizer region, so no unfused_optimizer. Nor is the region named forward host work
-    # (metrics.host_regions): two thirds of its time lies outside operators (5 µs operators
+    # (idle_causes.host_regions): two thirds of its time lies outside operators (5 µs operators
     # every 15 µs), under the four fifths a region of host work needs.
     assert result["optimizer"] is None
     assert result["findings"] == []

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from common import analyze, compare, harness
-from common.metrics import BREAKDOWN_ROLES, time_by_name
+from common.trace_steps import BREAKDOWN_ROLES, time_by_name
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.kineto_builder import KinetoTrace, simulate_training
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from common import harness, presets, trace
+from common import devices, harness, presets, profiling, runs, trace
 from tests.conftest import assert_timing_is_consistent, read_summary
 
 PAIRS = ("small_batch", "mixed_precision", "activation_checkpointing", "launch_overhead",
@@ -66,12 +66,12 @@ def test_every_script_writes_a_summary_and_a_trace_of_three_steps(pairs, demos_s
             assert_timing_is_consistent(summary)
             # Operator shapes only where the lesson reads them (they slow every operator).
             assert summary["config"]["profiler_record_shapes"] is (
-                demo in harness.RECORD_SHAPES_DEMOS), where
+                demo in profiling.RECORD_SHAPES_DEMOS), where
             events = trace.load_trace(trace.trace_files(demos_smoke_out / demo / variant)[0])
             names = Counter(e.get("name") for e in events["traceEvents"])
             assert sum(n for name, n in names.items()
-                       if str(name).startswith("ProfilerStep#")) == harness.PROFILE_ACTIVE_STEPS
-            assert all(names[region] == harness.PROFILE_ACTIVE_STEPS for region in REGIONS), where
+                       if str(name).startswith("ProfilerStep#")) == runs.PROFILE_ACTIVE_STEPS
+            assert all(names[region] == runs.PROFILE_ACTIVE_STEPS for region in REGIONS), where
             has_shapes = any("Input Dims" in e.get("args", {}) for e in events["traceEvents"])
             assert has_shapes is summary["config"]["profiler_record_shapes"], where
 
@@ -110,7 +110,7 @@ def test_mixed_precision_fixed_runs_its_matmuls_in_bf16(pairs, demos_smoke_out):
 
 def test_mixed_precision_says_what_bf16_means_on_this_cpu(pairs):
     bad, fixed = pairs["mixed_precision"]["bad"], pairs["mixed_precision"]["fixed"]
-    flags = harness.cpu_native_bf16_flags()
+    flags = devices.cpu_native_bf16_flags()
     assert fixed["extra"]["cpu_native_bf16_flags"] == flags
     assert any(NO_NATIVE_BF16 in note for note in fixed["notes"]) is (not flags)
     assert all(any(flag in note for note in fixed["notes"]) for flag in flags)
@@ -129,10 +129,10 @@ BF16_NOTES = [
 @pytest.mark.parametrize("flags, says, never_says", BF16_NOTES)
 def test_bf16_note_promises_only_what_the_cpu_can_do(monkeypatch, tmp_path, flags, says,
                                                      never_says):
-    monkeypatch.setattr(harness, "cpu_native_bf16_flags", lambda: flags)
+    monkeypatch.setattr(devices, "cpu_native_bf16_flags", lambda: flags)
     run = harness.setup("mixed_precision", "fixed", ["--device", "cpu", "--smoke",
                                                      "--out", str(tmp_path)])
-    harness.note_cpu_bf16(run)
+    devices.note_cpu_bf16(run)
     assert run.extra == {"cpu_native_bf16": bool(flags), "cpu_native_bf16_flags": flags}
     [note] = run.notes
     assert says in note and never_says not in note
@@ -149,10 +149,10 @@ def test_bf16_note_promises_only_what_the_cpu_can_do(monkeypatch, tmp_path, flag
 def test_bf16_flags_are_read_from_proc_cpuinfo(monkeypatch, tmp_path, cpuinfo, flags):
     path = tmp_path / "cpuinfo"
     path.write_text(cpuinfo)
-    monkeypatch.setattr(harness, "CPUINFO_PATH", path)
-    assert harness.cpu_native_bf16_flags() == flags
-    monkeypatch.setattr(harness, "CPUINFO_PATH", tmp_path / "missing")  # not Linux
-    assert harness.cpu_native_bf16_flags() == []
+    monkeypatch.setattr(devices, "CPUINFO_PATH", path)
+    assert devices.cpu_native_bf16_flags() == flags
+    monkeypatch.setattr(devices, "CPUINFO_PATH", tmp_path / "missing")  # not Linux
+    assert devices.cpu_native_bf16_flags() == []
 
 
 def test_activation_checkpointing_keeps_less_and_recomputes_each_block(pairs, demos_smoke_out):
@@ -160,7 +160,7 @@ def test_activation_checkpointing_keeps_less_and_recomputes_each_block(pairs, de
     bad, fixed = pairs[demo]["bad"], pairs[demo]["fixed"]
     assert fixed["peak_memory_mb"] <= CHECKPOINT_PEAK_RATIO_MAX * bad["peak_memory_mb"]
     # Each block's attention runs once per step in bad; in fixed once more, recomputed in backward.
-    attention_calls = harness.PROFILE_ACTIVE_STEPS * smoke_sizes(demo)["blocks"]
+    attention_calls = runs.PROFILE_ACTIVE_STEPS * smoke_sizes(demo)["blocks"]
     attention = "aten::scaled_dot_product_attention"
     assert op_counts(demos_smoke_out, demo, "bad")[attention] == attention_calls
     assert op_counts(demos_smoke_out, demo, "fixed")[attention] == 2 * attention_calls
@@ -176,7 +176,7 @@ def test_launch_overhead_fixed_is_compiled_outside_the_timing(pairs, demos_smoke
     assert "dynamo_frames_compiled" not in bad["extra"]
     eager_ops = op_counts(demos_smoke_out, "launch_overhead", "bad")
     compiled_ops = op_counts(demos_smoke_out, "launch_overhead", "fixed")
-    assert compiled_ops["Torch-Compiled Region: 0/0"] == harness.PROFILE_ACTIVE_STEPS
+    assert compiled_ops["Torch-Compiled Region: 0/0"] == runs.PROFILE_ACTIVE_STEPS
     assert not any(name.startswith("Torch-Compiled Region") for name in eager_ops)
     # Fused: far fewer operators dispatched per step (measured 249 against 759 in three steps).
     assert sum(compiled_ops.values()) < sum(eager_ops.values()) / 2
@@ -187,8 +187,8 @@ def test_item_sync_bad_reads_values_back_every_step_and_fixed_every_tenth(pairs,
     assert bad["config"]["read_every_steps"] == 1
     assert fixed["config"]["read_every_steps"] == ITEM_SYNC_READ_EVERY
     preset = presets.PRESETS["item_sync"]["smoke"]
-    total_steps = (preset.warmup_steps + preset.steps + harness.PROFILE_WAIT_STEPS
-                   + harness.PROFILE_WARMUP_STEPS + harness.PROFILE_ACTIVE_STEPS)
+    total_steps = (preset.warmup_steps + preset.steps + runs.PROFILE_WAIT_STEPS
+                   + runs.PROFILE_WARMUP_STEPS + runs.PROFILE_ACTIVE_STEPS)
     assert bad["extra"]["logged"]["step"] == total_steps
     last_read = total_steps // ITEM_SYNC_READ_EVERY * ITEM_SYNC_READ_EVERY
     assert last_read > 0  # the smoke preset has enough steps for fixed.py to read once
@@ -201,5 +201,5 @@ def test_item_sync_bad_reads_values_back_every_step_and_fixed_every_tenth(pairs,
     reads = "aten::_local_scalar_dense"
     per_step = 2 * smoke_sizes("item_sync")["blocks"] + 2
     assert op_counts(demos_smoke_out, "item_sync", "bad")[reads] == \
-        per_step * harness.PROFILE_ACTIVE_STEPS
+        per_step * runs.PROFILE_ACTIVE_STEPS
     assert op_counts(demos_smoke_out, "item_sync", "fixed")[reads] == 0

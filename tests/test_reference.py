@@ -362,7 +362,7 @@ def padding(c: dict, variant: str) -> float:
 # (value, how the README prints it, target: (">=" or "<=", bound) or None for context only)
 TARGET_ROWS = {
     # fixed's GPU utilization of the time the trace accounts for (its recording opens on work
-    # launched before it: metrics.unrecorded_work), the window's beside it, and its data wait
+    # launched before it: idle_causes.unrecorded_work), the window's beside it, and its data wait
     "dataloader_workers": lambda c: [
         (c["speedup"], "{:.2f}×", (">=", 3.0)),
         (recorded_util(c, "fixed"), "{:.1f} % of the time the trace accounts for", (">=", 95.0)),

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from common import analyze, harness, presets, trace
+from common import analyze, presets, runs, trace
 from tests import synthetic_traces as synthetic
 from tests.conftest import REAL_GPU_TRACES, SHARED_TRACES, run_folders
 
@@ -34,8 +34,8 @@ DATALOADER_TOLERANCE_PCT = 0.1  # percentage points
 PART_TOLERANCE_US = 1.0
 # The recorded steps: torch.profiler numbers every step, the schedule records the last ones.
 SYNTHETIC_STEPS = 3  # gpu_training_trace's default, which conftest writes
-RECORDED_STEPS = [str(harness.PROFILE_WAIT_STEPS + harness.PROFILE_WARMUP_STEPS + index)
-                  for index in range(harness.PROFILE_ACTIVE_STEPS)]
+RECORDED_STEPS = [str(runs.PROFILE_WAIT_STEPS + runs.PROFILE_WARMUP_STEPS + index)
+                  for index in range(runs.PROFILE_ACTIVE_STEPS)]
 
 
 def overview(tensorboard, run: str, worker: str | None = None) -> dict:

@@ -1,0 +1,168 @@
+"""Facts of the device a run is on, and the settings it needs: the CPU's name and BF16 units, a
+GPU's dense BF16 peak (for model-FLOPs utilisation), TF32, and what torch.compile and CUDA
+graphs need to work as the fix means them to."""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from common import presets
+from common.runs import Run, clear_run_dir, fail
+
+# Kineto's log levels run VERBOSE 0 .. ERROR 4, USDT 5. On a machine with no GPU the CUDA build of
+# Kineto logs "gpuGetDeviceCount failed" as an ERROR at every profile, harmless but alarming, and
+# torch 2.14's writes "USDT: ... profiler_start" and "profiler_stop" at level 5: 6 hides both.
+KINETO_LOG_LEVEL_CPU = "6"
+# /proc/cpuinfo flags of CPUs that run BF16 matmuls in hardware (oneDNN uses them): AMX tiles
+# (Intel Sapphire Rapids and later), AVX-512 BF16 dot products (Cooper Lake, AMD Zen 4), and "bf16"
+# in an Arm CPU's Features line (Neoverse V1, Graviton3). Without any, BF16 is emulated in FP32.
+CPU_NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+# Only AMX's tile units multiply BF16 faster than the FP32 units: AVX-512 BF16 dot products alone
+# measured 0.68x (BF16 slower) on this project's mixed_precision pair, AMX 1.8x.
+CPU_BF16_MATRIX_UNIT_FLAG = "amx_bf16"
+CPUINFO_PATH = Path("/proc/cpuinfo")
+
+# Dense BF16 tensor-core peak (TFLOPS, no sparsity) of GPUs by a model name in their device name,
+# the more specific first; from NVIDIA's datasheets (H100 SXM5 989.4, H100 NVL 835, H100 PCIe 756,
+# H200 989.4, H200 NVL 835, GH200 989.4, B200 2250, GB200 2500 a GPU, A100 312, L40S 362, L40 181,
+# L4 121). A run that records its model FLOPs (run.config["model_tflop_per_step"]) reports the
+# share of this peak it reached: what is called model-FLOPs utilisation (MFU). A GPU not listed
+# gets achieved TFLOPS only. Names match as whole words: "L4" is not "L40", "H200" not "GH200".
+BF16_DENSE_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4),
+                          ("H200 NVL", 835.0), ("GH200", 989.4), ("H200", 989.4),
+                          ("GB200", 2500.0), ("B200", 2250.0), ("A100", 312.0),
+                          ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0))
+
+
+def bf16_peak_tflops(device_name: str) -> float | None:
+    return next((peak for key, peak in BF16_DENSE_PEAK_TFLOPS
+                 if re.search(rf"\b{re.escape(key)}\b", device_name)), None)
+
+
+def flops_achieved(run: Run, step_ms_p50: float) -> dict:
+    """Achieved TFLOPS at the timed step p50, and its share of the GPU's BF16 peak; {} for a run
+    that records no model FLOPs."""
+    tflop = run.config.get("model_tflop_per_step")
+    if not tflop:
+        return {}
+    achieved = tflop / (step_ms_p50 / 1000.0)
+    peak = bf16_peak_tflops(run.device_name) if run.is_cuda else None
+    return {"achieved_tflops": achieved, "bf16_peak_tflops": peak,
+            "bf16_peak_pct": None if peak is None else 100.0 * achieved / peak}
+
+
+def cpuinfo_value(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line starting with one of `keys` (None: no such line,
+    or no Linux)."""
+    try:
+        lines = CPUINFO_PATH.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(keys):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    # platform.processor() is empty on most Linux systems; /proc/cpuinfo names the CPU
+    model = cpuinfo_value("model name") or platform.processor() or platform.machine()
+    return f"{model} ({presets.usable_cpu_count()} cores)"
+
+
+def require_compile_toolchain(run: Run) -> None:
+    """torch.compile writes C++ (Inductor on a CPU) or Triton code (on a GPU) and builds it with
+    the system's compiler against Python's headers. Without them it fails deep inside Inductor
+    with a long traceback; say what is missing in one line instead (exit code 2)."""
+    compilers = ("c++", "g++", "clang++") if run.device.type == "cpu" else ("cc", "gcc", "clang")
+    chosen = os.environ.get("CXX" if run.device.type == "cpu" else "CC")  # used alone when set
+    missing = []
+    if chosen and not shutil.which(chosen):
+        missing.append(f"the compiler named by $CXX/$CC ({chosen})")
+    elif not chosen and not any(shutil.which(c) for c in compilers):
+        missing.append(f"a compiler ({', '.join(compilers)})")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        missing.append("Python's headers (Python.h)")
+    if missing:
+        fail(f"torch.compile needs {' and '.join(missing)}; on Debian or Ubuntu: "
+             f"apt-get install build-essential python3-dev")
+
+
+def full_fp32_matmuls() -> None:
+    """FP32 matmuls and convolutions in full precision: TF32 (the middle rung) would run them on
+    tensor cores. torch >= 2.9 has fp32_precision settings and deprecates allow_tf32."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def tf32_in_force() -> dict[str, bool]:
+    """Whether FP32 matmuls and convolutions may use TF32, read from whichever API this torch has."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return {"tf32_matmul": torch.backends.cuda.matmul.fp32_precision == "tf32",
+                "tf32_cudnn": torch.backends.cudnn.conv.fp32_precision == "tf32"}
+    return {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32}
+
+
+def cpu_native_bf16_flags() -> list[str]:
+    """The flags in CPU_NATIVE_BF16_FLAGS that /proc/cpuinfo lists (empty: none, or no Linux)."""
+    present = set((cpuinfo_value("flags", "Features") or "").split())  # x86: flags, Arm: Features
+    return [flag for flag in CPU_NATIVE_BF16_FLAGS if flag in present]
+
+
+def note_cpu_bf16(run: Run) -> None:
+    """Say what a BF16 result on this CPU can and cannot show, before it is measured: the note
+    promises nothing the number may contradict (compare prints the measured ratio)."""
+    flags = cpu_native_bf16_flags()
+    run.extra["cpu_native_bf16"] = bool(flags)
+    run.extra["cpu_native_bf16_flags"] = flags
+    lesson = "the lesson is the GPU's, where BF16 runs on tensor cores (see the README)"
+    if CPU_BF16_MATRIX_UNIT_FLAG in flags:
+        run.notes.append(f"this CPU has native BF16 ({', '.join(flags)}), with AMX tile units "
+                         f"that multiply BF16 matrices faster than FP32: a speed-up is possible "
+                         f"here; {lesson}")
+    elif flags:
+        run.notes.append(f"this CPU has native BF16 instructions ({', '.join(flags)}) but no AMX "
+                         f"tiles: BF16 matmuls may run no faster than FP32, or slower; only AMX "
+                         f"makes BF16 faster on a CPU; {lesson}")
+    else:
+        run.notes.append("no native BF16 on this CPU; the speed-up needs tensor cores "
+                         "(BF16 is emulated here, so expect a slowdown on this CPU)")
+    if run.preset_name == presets.CPU_WITHOUT_BF16_UNITS:
+        run.notes.append(f"without AMX both variants run the smaller {run.preset_name} preset "
+                         f"(2 blocks, 128 tokens, 4 steps): the slowdown is all there is to "
+                         f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
+
+
+def require_cuda_graphs(run: Run) -> None:
+    """torch.compile(mode="reduce-overhead") falls back to running without CUDA graphs when it
+    cannot record one (an input it mutates, a CPU tensor, a sync), with a line in its log at
+    most: the run would then measure the fix without its graphs. Stop instead."""
+    from torch._dynamo.utils import counters
+    skips = counters["inductor"]["cudagraph_skips"]
+    if skips:
+        clear_run_dir(run.out_dir)
+        fail(f"{run.demo}/{run.variant}: torch.compile(mode='reduce-overhead') skipped CUDA graphs "
+             f"{skips} time(s), so the step runs without them; rerun with "
+             f"TORCH_LOGS=perf_hints to see why; nothing was written")
+
+
+def dynamo_frames_compiled() -> int:
+    """Python frames torch.compile has compiled so far in this process (0 without torch.compile)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+    return counters["frames"]["ok"]

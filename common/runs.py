@@ -1,0 +1,136 @@
+"""A demo's run: what it is (Run, and an inference run's clocks per request), the profiler's
+schedule, the files it writes, and the small helpers every room of the harness uses (a progress
+line, a one-line failure, a device sync, emptying the run folder)."""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from common import presets, trace
+
+# Profiler schedule: let the profiler warm up on one step, record three. Few recorded steps keep a
+# trace small enough for a browser; throughput comes from the timed phase. No step is skipped
+# first: the phase starts on an empty GPU queue (clocked_steps syncs), and CUPTI records only the
+# kernels launched while it is on (from the warm-up step). With a skipped step, a GPU-bound loop
+# more than a step ahead of the host ran that step's kernels inside the recording, unrecorded:
+# 47.5 ms with no kernel in the H100 reference's dataloader_workers/fixed, a GPU then 99 % busy.
+PROFILE_WAIT_STEPS = 0
+PROFILE_WARMUP_STEPS = 1
+PROFILE_ACTIVE_STEPS = 3
+PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
+KEY_AVERAGES_FILE = "key_averages.txt"
+CPROFILE_FILE = "cprofile.prof"  # --cprofile: the timed phase's pstats (snakeviz, pstats)
+RANK_FILE = re.compile(r"(?:summary|key_averages|cprofile)\.rank\d+\.(?:json|txt|prof)")
+
+
+@dataclass
+class Requests:
+    """What an inference step records per request: its latency on the host clock (from its start
+    to its result on the host), and for generation its first token's time and each later token's.
+    The lists grow through every phase; measure_steps reads the timed phase's part."""
+    latency_ms: list[float] = field(default_factory=list)
+    first_token_ms: list[float] = field(default_factory=list)
+    per_token_ms: list[float] = field(default_factory=list)
+    tokens: int = 0  # tokens generated
+
+    def mark(self) -> tuple[int, int, int, int]:
+        return (len(self.latency_ms), len(self.first_token_ms), len(self.per_token_ms),
+                self.tokens)
+
+
+@dataclass
+class Run:
+    demo: str
+    variant: str
+    device: torch.device
+    device_name: str
+    preset_name: str  # "cuda", "cpu" or "smoke"
+    preset: presets.Preset
+    steps: int
+    seed: int
+    out_dir: Path  # <out>/<demo>/<variant>: the trace, summary.json, key_averages.txt
+    config: dict = field(default_factory=dict)  # what differs between bad and fixed
+    extra: dict = field(default_factory=dict)  # demo-specific facts, written to summary["extra"]
+    notes: list[str] = field(default_factory=list)  # sentences for the reader: printed and saved
+    # Seconds the training step spent getting its batch (training_step adds to it); None for a
+    # demo that writes its own step.
+    data_wait_s: float | None = None
+    # Tokens in the batches taken so far, real and with padding, for a demo of variable-length
+    # batches (train_on_device's token_counts); None for every other demo.
+    real_tokens: int | None = None
+    padded_tokens: int | None = None
+    # A torchrun job (common/distributed.py): this process's rank, the number of ranks, and
+    # what ran (backend and mode); rank 0 of 1 and None for every other demo.
+    rank: int = 0
+    world_size: int = 1
+    distributed: dict | None = None
+    # What the profiler records beyond times, where a caller chose (profile_loop: your own loop);
+    # None: by the demo (RECORD_SHAPES_DEMOS, PROFILE_MEMORY_DEMOS_CUDA).
+    record_shapes: bool | None = None
+    profile_memory: bool | None = None
+    # Python frames: --with-stack records them in the trace (python_function events, at a cost
+    # per Python call); --cprofile runs the timed phase under cProfile and writes its .prof.
+    with_stack: bool = False
+    cprofile: bool = False
+    # torch.profiler records the ops of the thread that started it (and autograd's); a demo whose
+    # step hands work to a thread of its own (serve_texts' tokenize_ahead) asks for every thread.
+    profile_all_threads: bool = False
+    # An inference demo's clocks per request (generate, serve_texts); None for training.
+    requests: Requests | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.preset.batch_size
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self.preset.sizes
+
+    @property
+    def total_steps(self) -> int:
+        """Every step the run takes: warm-up, timed and profiled."""
+        return self.preset.warmup_steps + self.steps + PROFILED_STEPS
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def fail(message: str) -> None:
+    """Stop the run with one line on stderr and exit code 2: what went wrong and what to do."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def log(run: Run, message: str) -> None:
+    """A progress line; in a job of several ranks only rank 0's (they run in lockstep)."""
+    if run.rank == 0:
+        print(f"[{run.demo}/{run.variant}] {message}", flush=True)
+
+
+def rank_suffix(run: Run) -> str:
+    """"" for rank 0 (and every single-process run), ".rank<N>" for the others: their summary
+    and operator table sit beside rank 0's, which compare and the report read."""
+    return f".rank{run.rank}" if run.rank else ""
+
+
+def device_sync(run: Run) -> None:
+    """Wait for queued GPU work: a clock read before this measures only the CPU's enqueueing."""
+    if run.is_cuda:
+        torch.cuda.synchronize(run.device)
+
+
+def clear_run_dir(out_dir: Path) -> None:
+    """Remove what an earlier run left: TensorBoard reads a run directory once, and a stale trace
+    beside a new one would be shown as a second worker."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in out_dir.iterdir():
+        if path.is_file() and (path.name.endswith(trace.TRACE_SUFFIXES)
+                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE,
+                                                CPROFILE_FILE)
+                               or RANK_FILE.fullmatch(path.name)):
+            path.unlink()
