@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common import analyze, frames, verdicts
+from common.metrics import ROUND_TRIP_SIZE_RATIO_MAX, same_data
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.kineto_builder import ELEMENTWISE, KinetoTrace
 
@@ -79,15 +80,38 @@ def test_copies_and_round_trips_by_hand(result):
     assert gpu["data_dependent_syncs_per_step"] == 2.0
 
 
+# The copy down is COPY_BYTES; sizes are whole bytes, so one byte past the ratio is the nearest
+# size the cut must refuse.
 @pytest.mark.parametrize("up_bytes, trips", [
     (None, 0.0),  # a copy up of unknown size: no round trip can be told (its MB: null)
     (4 * 2 * COPY_BYTES, 0.0),  # 8x the copy down: other data (the next batch, say)
-    (4 * COPY_BYTES // 4, 1.0),  # a quarter of it (float32 values back as int8): still paired
-])
+    # At the ratio, smaller (at 4x: a quarter of it, float32 values back as int8): the cut is
+    # inclusive, still paired; a byte less and it is other data.
+    (COPY_BYTES / ROUND_TRIP_SIZE_RATIO_MAX, 1.0),
+    (COPY_BYTES / ROUND_TRIP_SIZE_RATIO_MAX - 1, 0.0),
+    # At the ratio, larger (at 4x: int8 values back as float32): paired; a byte more is not.
+    (COPY_BYTES * ROUND_TRIP_SIZE_RATIO_MAX, 1.0),
+    (COPY_BYTES * ROUND_TRIP_SIZE_RATIO_MAX + 1, 0.0),
+], ids=["unknown", "8x", "ratio-smaller", "past-it-smaller", "ratio-larger", "past-it-larger"])
 def test_a_copy_up_answers_a_copy_down_of_about_its_size(tmp_path, up_bytes, trips):
     gpu = analyze.analyze_trace(frames_trace(up_bytes=up_bytes).write(tmp_path / "t.json"))["gpu"]
     assert gpu["round_trips_per_step"] == trips
     assert (gpu["copies_per_step"]["h2d"]["mb"] is None) == (up_bytes is None)
+
+
+@pytest.mark.parametrize("down, up, paired", [
+    (COPY_BYTES, COPY_BYTES, True),
+    # Exactly at the ratio either way: paired (the cut is "within", inclusive).
+    (COPY_BYTES, COPY_BYTES * ROUND_TRIP_SIZE_RATIO_MAX, True),
+    (COPY_BYTES * ROUND_TRIP_SIZE_RATIO_MAX, COPY_BYTES, True),
+    # One byte past it either way: not.
+    (COPY_BYTES, COPY_BYTES * ROUND_TRIP_SIZE_RATIO_MAX + 1, False),
+    (COPY_BYTES * ROUND_TRIP_SIZE_RATIO_MAX + 1, COPY_BYTES, False),
+    # No size, or none known (NaN: a trace without "bytes"): never paired.
+    (0.0, 0.0, False), (COPY_BYTES, 0.0, False), (COPY_BYTES, float("nan"), False),
+])
+def test_same_data_is_within_the_size_ratio_inclusive(down, up, paired):
+    assert same_data(down, up) == paired
 
 
 def test_a_collective_s_own_copies_are_no_round_trip(tmp_path):
@@ -114,6 +138,128 @@ def test_hot_frames_by_hand(result):
                                                       "train.py:20 weights": 1.0}
     assert python["copies_by_user_frame_per_step"] == {"train.py:20 weights": 1.0,
                                                        "train.py:10 step": 1.0}
+
+
+# A built-in of torch's C++ bindings, as vLLM's trace names it: pybind11's type name spells out
+# the build's ABI (noise to a reader, as the address is, a new one per object).
+BINDING_BUILTIN = ("<built-in method _get_tracing_state of pybind11_builtins.pybind11_detail_"
+                   "function_record_v1_system_libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1 object at "
+                   "0x7f6079f1ddf0>")
+TORCH_CALLER = "torch/nn/modules/module.py:1750"
+
+# Each step of 1000 µs at T, on one thread, the user's frames among libraries':
+#   train.py(10): step                          0..900 user     self 900 - 300 - 200 - 40
+#     torch/nn/modules/module.py(1739): ...   100..400 library  self 300 - 100 - 60
+#       train.py(30): forward                 150..250 user (torch calls it: still the user's)
+#       BINDING_BUILTIN, called at torch's    300..360 library (a built-in is its caller's)
+#     .../site-packages/mylib/loss.py(5): ... 500..700 library
+#     <built-in method item ...>, train.py:14 750..790 user
+MIXED_FRAMES = [  # name, CallFrom, start, duration
+    ("train.py(10): step", "train.py:40", 0, 900),
+    ("torch/nn/modules/module.py(1739): _call_impl", "train.py:11", 100, 300),
+    ("train.py(30): forward", TORCH_CALLER, 150, 100),
+    (BINDING_BUILTIN, TORCH_CALLER, 300, 60),
+    ("/venv/lib/python3.11/site-packages/mylib/loss.py(5): helper", "train.py:13", 500, 200),
+    ("<built-in method item of Tensor object at 0x7f3a2c1b>", "train.py:14", 750, 40),
+]
+MIXED_SELF_US = {  # label -> (the user's, self µs a step), from the layout above
+    "train.py:10 step": (True, 900 - 300 - 200 - 40),
+    "torch/nn/modules/module.py:1739 _call_impl": (False, 300 - 100 - 60),
+    "train.py:30 forward": (True, 100),
+    f"<built-in method _get_tracing_state> called at {TORCH_CALLER}": (False, 60),
+    "/venv/lib/python3.11/site-packages/mylib/loss.py:5 helper": (False, 200),
+    "<built-in method item of Tensor object> called at train.py:14": (True, 40),
+}
+
+
+def python_of(tmp_path, built: KinetoTrace) -> dict:
+    return analyze.analyze_trace(built.write(tmp_path / "t.json"))["python"]
+
+
+def test_user_time_is_the_users_frames_only(tmp_path):
+    """user_ms_per_step adds the self time of the user's frames, not the libraries': here 500 of
+    the 900 µs of frame self time a step (the sum of every frame would read 0.9 ms)."""
+    t = KinetoTrace()
+    for index in range(2):
+        at = T0 + index * STEP_US
+        for name, caller, start, duration in MIXED_FRAMES:
+            t.span("python", name, at + start, duration, CallFrom=caller)
+        t.step(index + 1, at, STEP_US)
+    python = python_of(tmp_path, t)
+    assert {f["frame"]: (f["user"], pytest.approx(f["self_ms_per_step"] * 1000))
+            for f in python["hot_frames"]} == MIXED_SELF_US
+    user_us = sum(us for user, us in MIXED_SELF_US.values() if user)
+    assert user_us < sum(us for _, us in MIXED_SELF_US.values())  # the case tells them apart
+    assert python["user_ms_per_step"] == pytest.approx(user_us / 1000)
+
+
+def test_hot_frames_are_the_hottest_in_order(tmp_path):
+    """Two frames more than HOT_FRAMES_SHOWN, one after another (none holds another: self time =
+    duration), frame k lasting 10k µs, the coldest first in the trace: the list is the
+    HOT_FRAMES_SHOWN longest, longest first, not the trace's first ones."""
+    count = frames.HOT_FRAMES_SHOWN + 2
+    t = KinetoTrace()
+    step_us = 10 * count * (count + 1) // 2 + 100  # holds every frame
+    for index in range(2):
+        at = T0 + index * step_us
+        offset = 0
+        for k in range(1, count + 1):
+            t.span("python", f"train.py({k}): f{k}", at + offset, 10 * k, CallFrom="train.py:99")
+            offset += 10 * k
+        t.step(index + 1, at, step_us)
+    hot = python_of(tmp_path, t)["hot_frames"]
+    kept = range(count, count - frames.HOT_FRAMES_SHOWN, -1)
+    assert [f["frame"] for f in hot] == [f"train.py:{k} f{k}" for k in kept]
+    assert [f["self_ms_per_step"] for f in hot] == pytest.approx([10 * k / 1000 for k in kept])
+
+
+def test_user_lines_are_the_busiest_in_order(tmp_path):
+    """One line more than USER_LINES_SHOWN, one after another; line k issues k syncs and
+    (count + 1 - k) host-to-device copies a step: the syncs' list is the last USER_LINES_SHOWN
+    lines, most first, the copies' the first ones, most first."""
+    count = frames.USER_LINES_SHOWN + 1
+    frame_us = 10 * (count + 2)  # a line's count + 1 calls, 10 µs apart, 5 µs each, inside it
+    step_us = frame_us * (count + 2)
+    t = KinetoTrace()
+    t.gpu()
+    for index in range(2):
+        at = T0 + index * step_us
+        for k in range(1, count + 1):
+            start = at + frame_us * k
+            t.span("python", f"train.py({10 * k}): line{k}", start, frame_us,
+                   CallFrom="train.py:99")
+            for call in range(count + 1):
+                ts = start + 10 * (call + 1)
+                if call < k:
+                    t.runtime("cudaStreamSynchronize", ts, 5)
+                else:
+                    t.memcpy(ts, 5, ts + 1, 3, kind="HtoD")
+        t.step(index + 1, at, step_us)
+    python = python_of(tmp_path, t)
+    shown = frames.USER_LINES_SHOWN
+    assert list(python["syncs_by_user_frame_per_step"].items()) == [
+        (f"train.py:{10 * k} line{k}", float(k)) for k in range(count, count - shown, -1)]
+    assert list(python["copies_by_user_frame_per_step"].items()) == [
+        (f"train.py:{10 * k} line{k}", float(count + 1 - k)) for k in range(1, shown + 1)]
+
+
+@pytest.mark.parametrize("name, call_from, label, user", [
+    # pybind11's object name goes with the address: the method and its caller are what a reader
+    # needs.
+    (BINDING_BUILTIN, "train.py:14", "<built-in method _get_tracing_state> called at train.py:14",
+     True),
+    (BINDING_BUILTIN, TORCH_CALLER,
+     f"<built-in method _get_tracing_state> called at {TORCH_CALLER}", False),
+    (BINDING_BUILTIN, "", "<built-in method _get_tracing_state>", False),
+    # Any other object keeps its type; only its address goes.
+    ("<built-in method item of Tensor object at 0x7f17383fe080>", "train.py:14",
+     "<built-in method item of Tensor object> called at train.py:14", True),
+    ("<built-in method _get_tracing_state of PyCapsule object at 0x7d6af4f5f4e0>", "",
+     "<built-in method _get_tracing_state of PyCapsule object>", False),
+    ("train.py(30): forward", TORCH_CALLER, "train.py:30 forward", True),
+])
+def test_frame_labels(name, call_from, label, user):
+    assert frames.frame_label(name, call_from) == (label, user)
 
 
 def test_without_python_frames_python_is_null(tmp_path):
