@@ -478,6 +478,9 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans, *,
     if kind == "cpu_other":  # widen the extent only: kept for sanity's pass (named: above)
         pieces.add("other_start", spans.start[~named])
         pieces.add("other_end", spans.end[~named])
+    # Steps and DataLoader spans, by name, before an impossible duration takes their role: such
+    # a span stays out of the operators below (where it would be counted a second time).
+    step_or_loader = (roles == ROLE_STEP) | (roles == ROLE_DATALOADER)
     # The records below (shapes, collective calls) keep a start only, which the impossible-event
     # pass checks; an operator whose duration is impossible makes none.
     roles = np.where(sanity.possible_duration(spans), roles, ROLE_OTHER)
@@ -510,7 +513,7 @@ def read_cpu_group(pieces: Pieces, kind: str, group: list, spans: Spans, *,
             pieces.square_softmaxes.append((float(spans.start[index]), side))
     if kind == "cpu_op":  # the plugin's CPU extent: operators (and steps)
         widen(pieces.cpu_extent, spans)
-        work = ~((roles == ROLE_STEP) | (roles == ROLE_DATALOADER))
+        work = ~step_or_loader
         pieces.add("cpu_named_start", spans.start[~work])  # for the extent, after sanity
         pieces.add("cpu_named_end", spans.end[~work])
         pieces.add("cpu_op_start", spans.start[work])

@@ -21,8 +21,8 @@ EPOCH_US = float(2**50)
 ONE_DAY_US = sanity.US_PER_DAY
 
 
-def sound() -> KinetoTrace:
-    built = KinetoTrace()
+def sound(vocabulary: str = "current") -> KinetoTrace:
+    built = KinetoTrace(vocabulary=vocabulary)
     built.gpu()
     simulate_training(built, steps=3, start=EPOCH_US, dataloader_us=100,
                       peak_memory_bytes=1 << 30)
@@ -77,6 +77,62 @@ def test_an_impossible_event_is_named_and_left_out_of_every_number(tmp_path, kin
     assert clean["warnings"] == []
     assert result["warnings"] == [sanity.warning_line({kind: 1})]
     assert f"1 event {sanity.KIND_WORDS[kind]}" in result["warnings"][0]
+
+
+def dataloader_span(built: KinetoTrace) -> dict:
+    return next(e for e in built.events if e["name"].startswith("enumerate(DataLoader)"))
+
+
+# Events the reader keeps in two column groups, one of them in sanity.UNCOUNTED_GROUPS: a Python
+# frame is in "other" and "python"; a DataLoader span written as an operator (the TensorBoard
+# rewrite's cpu_op) in "cpu_named" and the named spans. Counted in both, one event would read 2.
+# Each case: the group of the two that is not counted, the vocabulary, what to add, and the one
+# kind it must be counted as.
+TWICE_HELD = {
+    "python frame": ("python", "current",
+                     lambda t: t.python("train.py(7): loop", EPOCH_US + 10, -100),
+                     "negative_duration"),
+    "DataLoader span at ts 0": ("cpu_named", "tensorboard",
+                                lambda t: add_copy(t, dataloader_span(t), ts=0),
+                                "outside_recording"),
+    "DataLoader span of negative duration": ("cpu_named", "tensorboard",
+                                             lambda t: add_copy(t, dataloader_span(t), dur=-100),
+                                             "negative_duration"),
+}
+@pytest.mark.parametrize("case", list(TWICE_HELD))
+def test_an_impossible_event_held_twice_is_counted_once(tmp_path, case):
+    group, vocabulary, inject, kind = TWICE_HELD[case]
+    assert group in sanity.UNCOUNTED_GROUPS
+    clean = analysed(tmp_path, sound(vocabulary), "clean")
+    built = sound(vocabulary)
+    inject(built)
+    result = analysed(tmp_path, built)
+    assert numbers(result) == numbers(clean)
+    assert result["impossible_events"] == {k: int(k == kind) for k in sanity.KIND_WORDS}
+    assert result["warnings"] == [sanity.warning_line({kind: 1})]
+
+
+# Kernels at ts 0 put into a trace whose median start is sampled: one; and three quarters of
+# ANCHOR_SAMPLE, all at the end of the kernel column (the first group the pass reads): still
+# under half of the trace's starts (it holds 2 * ANCHOR_SAMPLE others, below), so the median of
+# an evenly strided sample is the bulk's, but most of a sample of the trace's first
+# ANCHOR_SAMPLE starts.
+@pytest.mark.parametrize("impossible", [1, sanity.ANCHOR_SAMPLE * 3 // 4], ids=["one", "many"])
+def test_impossible_events_in_a_trace_whose_median_start_is_sampled(tmp_path, impossible):
+    """Over sanity.ANCHOR_SAMPLE starts the median is taken of an evenly strided sample: ts 0
+    among epoch timestamps is still found there, and only it. ANCHOR_SAMPLE Python frames (each
+    held in two column groups, "other" and "python") give at least 2 * ANCHOR_SAMPLE starts: a
+    stride of 2 at least, so the sample is not the whole trace."""
+    built = sound()
+    before = step_spans(built)[0]["ts"] - sanity.ANCHOR_SAMPLE - 1
+    for index in range(sanity.ANCHOR_SAMPLE):  # 1 µs apart, before the steps: only read
+        built.python("train.py(7): loop", before + index, 0.5)
+    kernel = first_of(built, "kernel")
+    for _ in range(impossible):
+        add_copy(built, kernel, ts=0)
+    result = analysed(tmp_path, built)
+    assert result["impossible_events"] == {k: impossible * (k == "outside_recording")
+                                           for k in sanity.KIND_WORDS}
 
 
 def test_a_gpu_event_days_away_and_a_memory_event_at_ts_0_are_left_out(tmp_path):
