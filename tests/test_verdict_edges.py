@@ -25,7 +25,9 @@ from common import analyze, verdicts
 from common.metrics import SHORT_KERNEL_US
 from common.verdicts import (
     EXPOSED_COMM_MIN_PCT,
+    GRAPH_REPLAYED_MIN_PCT,
     HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT,
+    HOST_REGION_MIN_PCT,
     ACTIVATION_MEMORY_HIGH_PCT,
     ACTIVATION_MEMORY_MIN_PCT,
     DATALOADER_SHARE_MIN_PCT,
@@ -592,3 +594,124 @@ def test_host_overhead_is_high_when_the_gpu_works_half_the_rules_share(base, pct
 def test_exposed_communication_fires_from_its_share_on(base, pct, fires):
     m = changed(base, gpu={"exposed_comm_pct": pct})
     assert finding_ids(m) == only("exposed_communication", fires)
+
+
+# --- host_region: which share it reads, and small_batch's hand-off to it ------------------------
+
+def with_regions(m: dict, **regions: tuple[float, float]) -> dict:
+    """Changed metrics (a copy) with host regions name=(pct of the window, GPU idle it causes,
+    % of the window); the other fields are the evidence's only."""
+    m["host_regions"] = {name: {"pct": pct, "gpu_idle_pct": idle, "ms_per_step": 1.0,
+                                "outside_ops_pct": 100.0}
+                         for name, (pct, idle) in regions.items()}
+    return m
+
+
+@pytest.mark.parametrize("idle_pct, fires", edges(HOST_REGION_MIN_PCT, AT_LEAST))
+def test_on_a_gpu_host_region_reads_the_gpu_idle_it_causes_not_its_window_share(
+        base, idle_pct, fires):
+    """The window share is set to the opposite side of the threshold from the idle share, so a
+    rule reading the wrong one flips the answer either way."""
+    window_pct = HOST_REGION_MIN_PCT / COMFORT if fires else HOST_REGION_MIN_PCT * COMFORT
+    m = with_regions(changed(base), tokenize=(window_pct, idle_pct))
+    assert finding_ids(m) == only("host_region", fires)
+    if fires:
+        assert f"the GPU idles {idle_pct:.0f} % of the window" in by_id(m)["host_region"][
+            "evidence"]
+
+
+def test_on_a_gpu_host_region_names_the_region_the_gpu_waits_on_most(base):
+    """Two regions: 'render' holds more of the window, 'tokenize' causes more GPU idle time."""
+    m = with_regions(changed(base), render=(HOST_REGION_MIN_PCT * 3, HOST_REGION_MIN_PCT / 2),
+                     tokenize=(HOST_REGION_MIN_PCT * 1.5, HOST_REGION_MIN_PCT * 1.5))
+    assert "region 'tokenize'" in by_id(m)["host_region"]["evidence"]
+
+
+@pytest.mark.parametrize("pct, fires", edges(HOST_REGION_MIN_PCT, AT_LEAST))
+def test_without_a_gpu_host_region_reads_its_window_share(base, pct, fires):
+    m = with_regions(changed(base), tokenize=(pct, None))
+    m["gpu"] = None  # a CPU-only trace: no GPU idle to read
+    assert finding_ids(m) == only("host_region", fires)
+
+
+@pytest.mark.parametrize("idle_pct, verdict", [
+    pytest.param(below(HOST_REGION_MIN_PCT), "small_batch", id="below"),
+    pytest.param(HOST_REGION_MIN_PCT, "host_region", id="at"),
+])
+def test_small_batch_gives_way_to_host_region_at_its_threshold(base, idle_pct, verdict):
+    """An under-filled GPU whose idle time a host region explains (a tokenizer on a GPU run with
+    short kernels): the region, named, and not small_batch beside it (common/README.md's rules
+    table: small_batch gives way to it as to dataloader); below the region's threshold
+    small_batch fires alone."""
+    m = with_regions(underfilled(base), tokenize=(HOST_REGION_MIN_PCT / COMFORT, idle_pct))
+    assert finding_ids(m) == [verdict]
+
+
+# --- CUDA graphs: "most kernels replayed" at its edge -------------------------------------------
+
+GRAPH_KERNELS_PER_STEP = 400.0  # kernels a step; the replayed ones a share of it
+GRAPH_LAUNCHES_PER_STEP = 2.0
+
+
+def replaying(base: dict, replayed_pct: float) -> dict:
+    """A training step (its pair: launch_overhead), launch bound by the eager launches, with
+    replayed_pct % of the kernels replayed from GRAPH_LAUNCHES_PER_STEP graph launches a step."""
+    replayed = GRAPH_KERNELS_PER_STEP * replayed_pct / 100
+    return launch_bound(base, training=True, gpu={
+        "kernels_per_step": GRAPH_KERNELS_PER_STEP, "graph_kernels_per_step": replayed,
+        "graph_launches_per_step": GRAPH_LAUNCHES_PER_STEP, "graph_launch_ms_per_step": 0.0,
+        "launches_per_step": GRAPH_KERNELS_PER_STEP - replayed + GRAPH_LAUNCHES_PER_STEP})
+
+
+@pytest.mark.parametrize("replayed_pct, replayed", edges(GRAPH_REPLAYED_MIN_PCT, AT_LEAST))
+def test_most_kernels_replayed_from_its_share_on(base, replayed_pct, replayed):
+    m = replaying(base, replayed_pct)
+    assert verdicts.graph_replayed(m["gpu"]) is replayed
+    found = by_id(m)
+    assert list(found) == ["launch_overhead"]  # launch bound either way: the fix differs
+    launch = found["launch_overhead"]
+    kernels = GRAPH_KERNELS_PER_STEP * replayed_pct / 100
+    assert (f"besides {GRAPH_LAUNCHES_PER_STEP:.0f} CUDA graph launches a step replaying "
+            f"{kernels:.0f} kernels, not counted") in launch["evidence"]
+    if replayed:  # the step is captured: what is left is the eager ops between the replays
+        assert launch["fix"].startswith(
+            f"the kernels are already replayed from {GRAPH_LAUNCHES_PER_STEP:.0f} CUDA graph "
+            f"launches a step ({kernels:.0f} of {GRAPH_KERNELS_PER_STEP:.0f}): the launches "
+            f"left are the eager ops between the replays")
+        assert launch["demo"] is None  # both pairs' fix is in place
+    else:
+        assert launch["fix"].startswith("launch fewer, larger kernels: torch.compile")
+        assert launch["demo"] == "launch_overhead"
+
+
+@pytest.mark.parametrize("replayed_pct, replayed", edges(GRAPH_REPLAYED_MIN_PCT, AT_LEAST))
+def test_host_overhead_speaks_of_the_replays_from_the_same_share(base, replayed_pct, replayed):
+    m = with_wait(changed(base, gpu={
+        "kernels_per_step": GRAPH_KERNELS_PER_STEP,
+        "graph_kernels_per_step": GRAPH_KERNELS_PER_STEP * replayed_pct / 100,
+        "graph_launches_per_step": GRAPH_LAUNCHES_PER_STEP, "graph_launch_ms_per_step": 0.0},
+        training=True), HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5)
+    found = by_id(m)["host_overhead"]
+    assert ("what is left is the host's work between the replays" in found["fix"]) is replayed
+    assert found["demo"] == (None if replayed else "launch_overhead")
+
+
+# --- The short-kernel cut: a kernel of exactly SHORT_KERNEL_US is not short ---------------------
+
+@pytest.mark.parametrize("kernel_us, short", [
+    pytest.param(SHORT_KERNEL_US - 1, True, id="a-microsecond-under"),
+    pytest.param(SHORT_KERNEL_US, False, id="exactly"),  # whole-µs traces write many such
+    pytest.param(SHORT_KERNEL_US + 1, False, id="a-microsecond-over"),
+])
+def test_a_kernel_is_short_only_under_the_cut(tmp_path, kernel_us, short):
+    """Ten kernels of one length in a step (whole microseconds, as many traces write them): all
+    short or none."""
+    built = KinetoTrace()
+    built.gpu()
+    built.step(1, T0, 1000)
+    for index in range(10):
+        at = T0 + 1 + index * 50
+        built.launch(at, 1, at + 5, kernel_us, name=ELEMENTWISE)
+    gpu = analysed(tmp_path, built)["gpu"]
+    assert gpu["median_kernel_us"] == kernel_us
+    assert gpu["short_kernel_pct"] == (100.0 if short else 0.0)
