@@ -1,0 +1,177 @@
+"""Does the suite catch a careless edit? Each edit below is a one-line change to the analyzer that
+a test should fail on: a rule reading the wrong field, a hand-off dropped, a >= made >, a
+threshold changed in the code alone. For each, a copy of the project gets the edit and runs the
+tests that should catch it; the table says which test failed, or that none did.
+
+    python scripts/check_tests_catch.py [--only NAME ...] [--list]
+
+The unedited copy runs the same tests first: they must pass, or a failure proves nothing.
+Exit code 1 when an edit is caught by no test, 2 for an edit that no longer applies (its line is
+gone: update it with the code). Takes a minute or two: one pytest run per edit.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST_TIMEOUT_S = 600  # one edit's tests; the slowest here take well under a minute
+
+
+@dataclass(frozen=True)
+class Edit:
+    name: str
+    path: str  # relative to the project root
+    old: str  # occurs exactly once in `path`
+    new: str
+    tests: tuple[str, ...]  # the test files expected to catch it
+
+
+VERDICT_TESTS = ("tests/test_verdict_edges.py", "tests/test_thresholds_table.py")
+EDITS = (
+    Edit("host_region reads the window share on a GPU", "common/verdicts.py",
+         'share = {name: region["gpu_idle_pct"] if gpu else region["pct"]',
+         'share = {name: region["pct"]', VERDICT_TESTS + ("tests/test_host_regions.py",)),
+    Edit("small_batch no longer gives way to host_region", "common/verdicts.py",
+         "if (not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_region(m)",
+         "if (not gpu_underfilled(gpu) or rule_dataloader(m)", VERDICT_TESTS),
+    Edit("graph_replayed's >= made >", "common/verdicts.py",
+         ">= GRAPH_REPLAYED_MIN_PCT)", "> GRAPH_REPLAYED_MIN_PCT)",
+         VERDICT_TESTS + ("tests/test_cuda_graphs.py",)),
+    Edit("same_data's <= made <", "common/metrics.py",
+         "<= ROUND_TRIP_SIZE_RATIO_MAX)", "< ROUND_TRIP_SIZE_RATIO_MAX)",
+         ("tests/test_python_frames.py",)),
+    Edit("user_ms_per_step sums every frame, not the user's", "common/frames.py",
+         "for label, (ms, _) in times.items() if table.user[label]),",
+         "for label, (ms, _) in times.items()),", ("tests/test_python_frames.py",)),
+    Edit("one hot frame more than HOT_FRAMES_SHOWN", "common/frames.py",
+         "[:HOT_FRAMES_SHOWN]", "[:HOT_FRAMES_SHOWN + 1]", ("tests/test_python_frames.py",)),
+    Edit("one user line more than USER_LINES_SHOWN", "common/frames.py",
+         "[:USER_LINES_SHOWN]", "[:USER_LINES_SHOWN + 1]", ("tests/test_python_frames.py",)),
+    Edit("pybind11 object names kept", "common/frames.py",
+         'name = BINDING_OBJECT.sub(">", OBJECT_ADDRESS.sub(">", name))',
+         'name = OBJECT_ADDRESS.sub(">", name)', ("tests/test_python_frames.py",)),
+    Edit("Python frames counted as impossible events twice", "common/sanity.py",
+         'UNCOUNTED_GROUPS = ("cpu_named", "python")', 'UNCOUNTED_GROUPS = ("cpu_named",)',
+         ("tests/test_impossible.py",)),
+    Edit("named operator spans counted as impossible events twice", "common/sanity.py",
+         'UNCOUNTED_GROUPS = ("cpu_named", "python")', 'UNCOUNTED_GROUPS = ("python",)',
+         ("tests/test_impossible.py",)),
+    Edit("compare's hardware warning reads the device kind only", "common/compare.py",
+         'if (old["device"], old["gpu_name"]) != (new["device"], new["gpu_name"]):',
+         'if old["device"] != new["device"]:', ("tests/test_compare_warnings.py",)),
+    Edit("few steps warn at FEW_STEPS too", "common/compare.py",
+         'analysis["steps"] < FEW_STEPS:', 'analysis["steps"] <= FEW_STEPS:',
+         ("tests/test_compare_warnings.py",)),
+    Edit("a spread of exactly STEP_SPREAD_MAX warns", "common/compare.py",
+         "p95 / p50 > STEP_SPREAD_MAX:", "p95 / p50 >= STEP_SPREAD_MAX:",
+         ("tests/test_compare_warnings.py",)),
+    Edit("a kernel of exactly SHORT_KERNEL_US counts as short", "common/metrics.py",
+         "(duration < SHORT_KERNEL_US)", "(duration <= SHORT_KERNEL_US)", VERDICT_TESTS),
+    Edit("possible_steps keeps a step that starts inside the one before", "common/sanity.py",
+         "elif kept and start < kept[-1][2]:", "elif kept and start > kept[-1][2]:",
+         ("tests/test_impossible.py",)),
+    Edit("FP32_GEMM_MIN_PCT 20 -> 25 in the code alone", "common/verdicts.py",
+         "FP32_GEMM_MIN_PCT = 20.0", "FP32_GEMM_MIN_PCT = 25.0", VERDICT_TESTS),
+    Edit("H2D_MIN_PCT 10 -> 12 in the code alone", "common/verdicts.py",
+         "H2D_MIN_PCT = 10.0", "H2D_MIN_PCT = 12.0", VERDICT_TESTS),
+    Edit("SMALL_BATCH_MEDIAN_KERNEL_MAX_US 25 -> 30 in the code alone", "common/verdicts.py",
+         "SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 25.0", "SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 30.0",
+         VERDICT_TESTS),
+)
+
+
+def project_files() -> list[str]:
+    """Tracked and untracked, not ignored: what a clean clone holds plus work not committed."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return [name for name in listed if (ROOT / name).is_file()]
+
+
+def copy_project(into: Path) -> Path:
+    copy = into / ROOT.name
+    for name in project_files():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    shared = ROOT.parent / "shared"  # the real traces the tests read, when beside the project
+    if shared.is_dir():
+        (into / "shared").symlink_to(shared)
+    return copy
+
+
+def apply(edit: Edit, root: Path) -> None:
+    path = root / edit.path
+    text = path.read_text()
+    if text.count(edit.old) != 1:
+        raise ValueError(f"'{edit.name}': {edit.path} holds {text.count(edit.old)} copies of "
+                         f"{edit.old!r}, not one")
+    path.write_text(text.replace(edit.old, edit.new))
+
+
+def failing_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, list[str]]:
+    """pytest's exit code on `tests` in `root`, and the tests that failed."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "-rf", *tests], cwd=root, capture_output=True, text=True,
+                            timeout=PYTEST_TIMEOUT_S)
+    failed = re.findall(r"^FAILED (\S+)", result.stdout, re.MULTILINE)
+    return result.returncode, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="only the edits whose name contains one of these words")
+    parser.add_argument("--list", action="store_true", help="list the edits and exit")
+    flags = parser.parse_args(argv)
+    edits = [e for e in EDITS if not flags.only or any(w in e.name for w in flags.only)]
+    if flags.list:
+        for edit in edits:
+            print(f"{edit.name}: {edit.path}: {edit.old!r} -> {edit.new!r}")
+        return 0
+    if not edits:
+        print(f"error: no edit matches {flags.only}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="check_tests_catch_") as scratch:
+        pristine = copy_project(Path(scratch) / "pristine")
+        try:
+            for edit in edits:
+                apply(edit, copy_project(Path(scratch) / "probe"))  # applies, before any run
+                shutil.rmtree(Path(scratch) / "probe")
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        every_test = tuple(sorted({t for edit in edits for t in edit.tests}))
+        print(f"unedited: {' '.join(every_test)}", flush=True)
+        code, failed = failing_tests(pristine, every_test)
+        if code != 0:
+            print(f"error: the unedited project fails (exit {code}): {', '.join(failed)}",
+                  file=sys.stderr)
+            return 2
+        missed = 0
+        for index, edit in enumerate(edits):
+            started = time.perf_counter()
+            copy = copy_project(Path(scratch) / f"edit{index}")
+            apply(edit, copy)
+            code, failed = failing_tests(copy, edit.tests)
+            caught = code == 1 and failed  # 1: tests ran and some failed (not a crash)
+            missed += not caught
+            shown = ", ".join(name.split("::")[-1] for name in failed[:3])
+            more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+            print(f"{'caught' if caught else 'MISSED'}  {edit.name}  "
+                  f"({time.perf_counter() - started:.0f} s)"
+                  + (f": {shown}{more}" if caught else f" (pytest exit {code})"), flush=True)
+            shutil.rmtree(copy.parent)
+    print(f"{len(edits) - missed} of {len(edits)} edits caught")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
