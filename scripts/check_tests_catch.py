@@ -12,6 +12,7 @@ gone: update it with the code). Takes a minute or two: one pytest run per edit.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -117,10 +118,11 @@ def apply(edit: Edit, root: Path) -> None:
 
 def failing_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, list[str]]:
     """pytest's exit code on `tests` in `root`, and the tests that failed."""
+    env = dict(os.environ, PYTHONPATH=str(root))  # the copy's common/, whatever is installed
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              "-rf", *tests], cwd=root, capture_output=True, text=True,
-                            timeout=PYTEST_TIMEOUT_S)
-    failed = re.findall(r"^FAILED (\S+)", result.stdout, re.MULTILINE)
+                            timeout=PYTEST_TIMEOUT_S, env=env)
+    failed = re.findall(r"^FAILED (.+?)(?: - .*)?$", result.stdout, re.MULTILINE)
     return result.returncode, failed
 
 
