@@ -24,8 +24,12 @@ DEMO_RUN_TIMEOUT_S = 300  # a smoke run takes seconds; this only stops a hung ru
 
 def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess:
     script = ROOT / "demos" / demo / f"{variant}.py"
+    # This tree's common/ first: the interpreter may have another checkout installed (PYTHON=...,
+    # or a .venv made by one), which a script run by path would otherwise import.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=DEMO_RUN_TIMEOUT_S)
+                          text=True, timeout=DEMO_RUN_TIMEOUT_S, env=env)
 
 
 def read_summary(out: Path, demo: str, variant: str) -> dict:
