@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -67,16 +68,24 @@ def test_the_readme_snippet_writes_a_run_like_a_demo(own_runs):
         assert summary["config"]["profiler_record_shapes"] is True
 
 
+def printed(value: float, spec: str = ".1f") -> str:
+    """A number as compare prints it (its samples/s row: .1f), as a regular expression."""
+    return re.escape(format(value, spec))
+
+
 def test_compare_reads_the_two_own_runs(own_runs, capsys):
     runs, _ = own_runs
     assert compare.main([str(runs / "before"), str(runs / "after")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("before vs after: cpu (")  # the summaries' conditions
-    # The change in words, whichever way it went ("the same" where it rounds to 1.00x).
-    assert re.search(r"^  samples/s +[0-9.]+ +[0-9.]+ +([0-9.]+x (higher|lower)|the same)", out,
-                     re.MULTILINE)
-    assert re.search(r"^  after vs before: [0-9.]+x (more samples/s|the samples/s)", out,
-                     re.MULTILINE)
+    # Each run's samples/s from its own summary, before's first: which way it went between the
+    # two real runs is the timing of the moment (test_compare_says_which_way_samples_per_s_went
+    # checks the words for a known direction).
+    before, after = (json.loads((runs / v / "summary.json").read_text())["samples_per_s"]
+                     for v in ("before", "after"))
+    assert re.search(rf"^  samples/s +{printed(before)} +{printed(after)} ", out, re.MULTILINE), out
+    assert re.search(rf"^  after vs before: {printed(after / before, '.2f')}x ", out,
+                     re.MULTILINE), out
     # The fused optimizer is one operator a step where there was none, in the operator tables
     # what_changed ranks (which 8 rows it shows depends on the timing of the moment).
     for label, calls in (("before", 0.0), ("after", 1.0)):
@@ -86,16 +95,46 @@ def test_compare_reads_the_two_own_runs(own_runs, capsys):
         assert operators.get("aten::_fused_adamw_", (0.0, 0.0))[1] == pytest.approx(calls)
 
 
-def test_a_rerun_leaves_one_trace(own_runs):
-    """profile_loop empties its run folder first, as the demos do: TensorBoard reads a folder
-    once and would show a stale trace as a second worker."""
+@pytest.mark.parametrize("factor, row_words, headline_words", [
+    (2.0, "2.00x higher, better", "2.00x more samples/s"),
+    (0.5, "2.00x lower, worse", "0.50x the samples/s (slower)"),
+], ids=["faster", "slower"])
+def test_compare_says_which_way_samples_per_s_went(own_runs, tmp_path, capsys, factor,
+                                                   row_words, headline_words):
+    """The two real runs, copied, with after's samples/s set to `factor` times before's (a
+    power of two: the ratio is exact), so the direction is known: higher samples/s is better."""
     runs, _ = own_runs
+    for variant in ("before", "after"):
+        shutil.copytree(runs / variant, tmp_path / variant)
+    before = json.loads((tmp_path / "before" / "summary.json").read_text())["samples_per_s"]
+    summary_path = tmp_path / "after" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["samples_per_s"] = factor * before
+    summary_path.write_text(json.dumps(summary))
+    assert compare.main([str(tmp_path / "before"), str(tmp_path / "after")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^  samples/s +{printed(before)} +{printed(factor * before)} +"
+                     rf"{re.escape(row_words)}$", out, re.MULTILINE), out
+    assert re.search(rf"^  after vs before: {re.escape(headline_words)}(,|$)", out,
+                     re.MULTILINE), out
+
+
+def test_a_rerun_leaves_one_trace(own_runs, tmp_path):
+    """profile_loop empties its run folder first, as the demos do: TensorBoard reads a folder
+    once and would show a stale trace as a second worker. The rerun goes to a folder of its own
+    holding a copy of the fixture's "before" run (the other tests read the fixture's)."""
+    runs, _ = own_runs
+    stale = tmp_path / "traces" / "my_model" / "before"
+    shutil.copytree(runs / "before", stale)
+    [old_trace] = [p.name for p in stale.glob("*.pt.trace.json.gz")]
     code = readme_snippet().replace("harness.profile_loop(step,",
                                     "harness.profile_loop(step, steps=2, warmup_steps=1,")
-    again = run_snippet(code, runs.parent.parent)
+    assert code.count("steps=2, warmup_steps=1,") == 1
+    again = run_snippet(code, tmp_path)
     assert again.returncode == 0, again.stderr
-    assert len(list((runs / "before").glob("*.pt.trace.json.gz"))) == 1
-    assert json.loads((runs / "before" / "summary.json").read_text())["steps"] == 2
+    traces = [p.name for p in stale.glob("*.pt.trace.json.gz")]
+    assert len(traces) == 1 and traces != [old_trace], (traces, old_trace)
+    assert json.loads((stale / "summary.json").read_text())["steps"] == 2
 
 
 @pytest.mark.parametrize("arguments, message", [
