@@ -3,7 +3,9 @@ token and fixed does not; the inference summary's numbers agree with each other;
 CUDA graphs were skipped stops."""
 from __future__ import annotations
 
+import itertools
 import json
+import types
 
 import pytest
 import torch
@@ -80,13 +82,72 @@ def test_the_smoke_runs_write_inference_summaries(demos_smoke_out):
             summary["requests_per_s"] * new_tokens, rel=1e-9)
         latency = summary["latency_ms"]
         assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
-        # A request's host latency holds its tokens: its first, and new_tokens - 1 later ones.
-        assert summary["time_to_first_token_ms"]["p50"] < latency["max"]
-        assert summary["per_token_ms"]["p50"] * (new_tokens - 1) < latency["max"]
+        assert_token_times_fit_in_the_latency(summary)
     # fixed compiles its one-token step once, in the warm-up: every later token reuses it (a
     # position passed as a Python int, or a shape that grows, would compile again and again)
     compiled = read_summary(demos_smoke_out, "llm_decode", "fixed")["extra"]
     assert compiled["dynamo_frames_compiled"] == {"warmup": 1, "timed_and_profiled": 0}
+
+
+# Percentiles are interpolated, and ms are differences of float clock reads times 1000: a bound
+# that holds exactly may miss by rounding in the last digits (a few ulps, ~1e-16 relative each).
+# 1e-9 relative is far above that rounding and far below any real excess.
+ROUNDING = 1e-9
+
+
+def assert_token_times_fit_in_the_latency(summary: dict) -> None:
+    """What the harness's clocks guarantee (harness.generate, token_clock) on a CPU, where the
+    token marks and the latency are read from the same clock, perf_counter: a request's latency
+    starts before its first mark and ends after its last, so its first token's time plus its
+    new_tokens - 1 later tokens' times (differences of those marks) fit in it; and the timed
+    requests run one after another inside the timed wall clock."""
+    assert summary["device"] == "cpu"  # one clock for both (on a GPU the marks are CUDA events)
+    latency, first, later = (summary[key] for key in
+                             ("latency_ms", "time_to_first_token_ms", "per_token_ms"))
+    # Request by request, first token <= latency: so every percentile of the first tokens'
+    # times is at most the same percentile of the latencies.
+    for q in ("p50", "p99", "max"):
+        assert first[q] <= latency[q] * (1 + ROUNDING), q
+    # Each later token's time <= its request's latency <= the slowest request's.
+    assert later["max"] <= latency["max"] * (1 + ROUNDING)
+    # At least half the later tokens' times are >= their median, and all of them together fit
+    # in the timed requests' latencies, which fit in the timed wall clock.
+    later_tokens = summary["steps"] * (summary["config"]["new_tokens"] - 1)
+    assert later["p50"] * later_tokens / 2 <= summary["timed_wall_s"] * 1000.0 * (1 + ROUNDING)
+
+
+def test_a_request_s_latency_holds_its_token_times_on_a_fake_clock(monkeypatch, tmp_path):
+    """harness.generate's bookkeeping with a clock the test controls: harness's perf_counter
+    advances by one tick at each read, and measure() is three steps. Each request then has
+    one first token and new_tokens - 1 later ones, every time a whole number of ticks in ms
+    (> 0: the clock advanced), and the first token's and later tokens' times add up to no more
+    than the request's latency (its clock reads enclose the marks)."""
+    tick_s = 2.0 ** -10  # a power of two: ticks and their ms (x 1000) are exact in floats
+    tick_ms = tick_s * 1000.0
+    reads = itertools.count()
+    monkeypatch.setattr(harness, "time",
+                        types.SimpleNamespace(perf_counter=lambda: next(reads) * tick_s))
+    requests = 3
+
+    def measure(run, step):  # the steps alone: no warm-up, timing or profiler
+        for _ in range(requests):
+            step()
+        return run.requests
+
+    monkeypatch.setattr(harness, "measure", measure)
+    run = harness.setup("llm_decode", "bad", ["--smoke", "--device", "cpu",
+                                              "--out", str(tmp_path)])
+    model = models.decoder(run, models.GrowingKVCache)
+    recorded = harness.generate(run, model, model.next_token, data.prompts(run))
+    new_tokens = run.sizes["new_tokens"]
+    assert len(recorded.latency_ms) == len(recorded.first_token_ms) == requests
+    assert len(recorded.per_token_ms) == requests * (new_tokens - 1)
+    assert recorded.tokens == requests * new_tokens
+    for value in (*recorded.latency_ms, *recorded.first_token_ms, *recorded.per_token_ms):
+        assert value > 0 and (value / tick_ms).is_integer(), value
+    for index in range(requests):
+        later = recorded.per_token_ms[index * (new_tokens - 1):(index + 1) * (new_tokens - 1)]
+        assert recorded.first_token_ms[index] + sum(later) <= recorded.latency_ms[index]
 
 
 def cat_calls_per_step(out, variant: str) -> float:
