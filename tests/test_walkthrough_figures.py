@@ -5,6 +5,8 @@ them are checked to be there."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import struct
 import subprocess
 import sys
 
@@ -37,9 +39,9 @@ needs_reference = pytest.mark.skipif(
     reason=f"no reference run of item_sync and dataloader_workers under {REFERENCE}")
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=SCRIPT_TIMEOUT_S)
+                          cwd=ROOT, timeout=SCRIPT_TIMEOUT_S, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +51,44 @@ def data():
                                                                      "dataloader_workers")}
 
 
+def png_chunk_types(data: bytes) -> list[bytes]:
+    """The chunk types of a PNG, in order (each chunk: 4-byte length, 4-byte type, data, CRC)."""
+    types, at = [], len(PNG_SIGNATURE)
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        types.append(data[at + 4:at + 8])
+        at += 12 + length
+    return types
+
+
+# Chunks that carry text or a time: where a version ("Software": matplotlib's) or the moment of
+# writing would get in, and make the same figure differ between machines or runs.
+PNG_TEXT_CHUNKS = {b"tEXt", b"iTXt", b"zTXt", b"tIME"}
+
+
 @needs_reference
 def test_regenerated_figures_are_small_pngs_and_identical_bytes(tmp_path):
-    result = run("--out-root", str(tmp_path), "item_sync", "dataloader_workers")
-    assert result.returncode == 0, result.stderr
+    """Regenerating a figure writes the same bytes: two runs of the script, each in a fresh
+    interpreter started with the same, explicitly given environment (its own matplotlib config
+    folder, no MPLBACKEND), so no setting of this test process or of another test can differ
+    between them; only what the script itself does can."""
+    env = {name: value for name, value in os.environ.items() if name != "MPLBACKEND"}
+    env["MPLCONFIGDIR"] = str(tmp_path / "mplconfig")  # no user matplotlibrc; one font cache
+    outs = [tmp_path / "first", tmp_path / "second"]
+    for out in outs:
+        result = run("--out-root", str(out), "item_sync", "dataloader_workers", env=env)
+        assert result.returncode == 0, result.stderr
     for demo in ("item_sync", "dataloader_workers"):
-        png = tmp_path / demo / "trace.png"
-        assert png.read_bytes().startswith(PNG_SIGNATURE)
-        assert 10_000 < png.stat().st_size < MAX_PNG_BYTES  # a drawing, not an empty canvas
-        # Deterministic: the same matplotlib writes the same bytes again.
-        again = figures.write_figure(demo, REFERENCE, tmp_path / "again")
-        assert again.read_bytes() == png.read_bytes()
+        first, second = (out / demo / "trace.png" for out in outs)
+        data = first.read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert 10_000 < len(data) < MAX_PNG_BYTES  # a drawing, not an empty canvas
+        # No text or time chunk: the bytes hold the pixels and nothing of the matplotlib or the
+        # moment that wrote them (the script drops matplotlib's default "Software" entry).
+        types = png_chunk_types(data)
+        assert types[0] == b"IHDR" and types[-1] == b"IEND" and b"IDAT" in types, types
+        assert not PNG_TEXT_CHUNKS & set(types), types
+        assert second.read_bytes() == data
 
 
 @needs_reference
