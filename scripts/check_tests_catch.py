@@ -43,6 +43,8 @@ EDITS = (
     Edit("small_batch no longer gives way to host_region", "common/verdicts.py",
          "if (not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_region(m)",
          "if (not gpu_underfilled(gpu) or rule_dataloader(m)", VERDICT_TESTS),
+    Edit("host_overhead no longer gives way to launch_overhead", "common/verdicts.py",
+         "and launch_to_kernel_ratio(gpu) is None)", ")", VERDICT_TESTS),
     Edit("graph_replayed's >= made >", "common/verdicts.py",
          ">= GRAPH_REPLAYED_MIN_PCT)", "> GRAPH_REPLAYED_MIN_PCT)",
          VERDICT_TESTS + ("tests/test_cuda_graphs.py",)),

@@ -715,3 +715,15 @@ def test_a_kernel_is_short_only_under_the_cut(tmp_path, kernel_us, short):
     gpu = analysed(tmp_path, built)["gpu"]
     assert gpu["median_kernel_us"] == kernel_us
     assert gpu["short_kernel_pct"] == (100.0 if short else 0.0)
+
+
+@pytest.mark.parametrize("ratio, verdict", [
+    pytest.param(below(LAUNCH_TO_KERNEL_TIME_MIN), "host_overhead", id="below"),
+    pytest.param(LAUNCH_TO_KERNEL_TIME_MIN, "launch_overhead", id="at"),
+])
+def test_host_overhead_gives_way_to_launch_overhead_at_its_ratio(base, ratio, verdict):
+    """A GPU waiting for the host's enqueues, with mostly short kernels: once the launch calls
+    take as long as the kernels the launches explain the wait (launch_overhead, alone); short
+    of that the host's time goes elsewhere (host_overhead, alone)."""
+    m = with_wait(launch_bound(base, ratio=ratio), HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5)
+    assert finding_ids(m) == [verdict]
