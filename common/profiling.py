@@ -382,7 +382,7 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
     the same files, so that common.analyze, common.compare and the report read them:
     `warmup_steps` untimed steps; `steps` timed steps without the profiler (device synchronised,
     CUDA events on a GPU) -> samples_per_s from `batch_size`, step-time percentiles; then a few
-    profiled steps (schedule: wait 1, warm-up 1, record 3) -> a gzip trace, key_averages.txt and
+    profiled steps (schedule: warm-up 1, record 3, none skipped) -> a gzip trace, key_averages.txt and
     summary.json in <out>/<name>/<variant>/ (`out` relative to where you stand), which is
     emptied of an earlier run's files first.
 
