@@ -382,9 +382,9 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
     the same files, so that common.analyze, common.compare and the report read them:
     `warmup_steps` untimed steps; `steps` timed steps without the profiler (device synchronised,
     CUDA events on a GPU) -> samples_per_s from `batch_size`, step-time percentiles; then a few
-    profiled steps (schedule: warm-up 1, record 3, none skipped) -> a gzip trace, key_averages.txt and
-    summary.json in <out>/<name>/<variant>/ (`out` relative to where you stand), which is
-    emptied of an earlier run's files first.
+    profiled steps (schedule: warm-up 1, record 3, none skipped) -> a gzip trace,
+    key_averages.txt and summary.json in <out>/<name>/<variant>/ (`out` relative to where you
+    stand), which is emptied of an earlier run's files first.
 
     `step` runs one whole step (forward, backward, optimizer) and must run on `device`.
     `record_shapes` (on by default: the batch and attention verdicts read shapes) and
