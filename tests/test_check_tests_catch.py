@@ -16,6 +16,16 @@ import check_tests_catch  # noqa: E402
 
 @pytest.mark.parametrize("edit", check_tests_catch.EDITS, ids=lambda edit: edit.name)
 def test_each_edit_still_applies(edit):
-    text = (ROOT / edit.path).read_text()
-    assert text.count(edit.old) == 1, f"{edit.path} no longer holds {edit.old!r} once"
-    assert edit.new != edit.old and all((ROOT / test).is_file() for test in edit.tests)
+    assert check_tests_catch.stale(edit) is None
+    assert edit.new != edit.old
+
+
+def test_a_stale_edit_is_reported():
+    """The check above would pass on a stale() that never finds anything."""
+    edit = check_tests_catch.EDITS[0]
+    gone = check_tests_catch.Edit(edit.name, edit.path, "no such line in the code", "x",
+                                  edit.tests)
+    assert "holds 0 copies" in check_tests_catch.stale(gone)
+    missing = check_tests_catch.Edit(edit.name, edit.path, edit.old, edit.new,
+                                     ("tests/test_no_such_file.py",))
+    assert "no test file tests/test_no_such_file.py" in check_tests_catch.stale(missing)
