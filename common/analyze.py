@@ -333,7 +333,8 @@ def format_human(result: dict) -> str:
         unrecorded = gpu["idle_by_cause_pct"]["unrecorded"]
         lines += [f"GPU          utilization {gpu['utilization_pct']:.1f} % of the steps (compute "
                   f"kernels {gpu['compute_pct']:.1f} %, collectives with no compute beside them "
-                  f"{gpu['exposed_comm_pct']:.1f} %), H2D copies {gpu['h2d_pct']:.1f} %"
+                  f"{gpu['exposed_comm_pct']:.1f} %, copies and memsets alone "
+                  f"{gpu['copy_only_pct']:.1f} %), H2D copies {gpu['h2d_pct']:.1f} %"
                   + (f"; {gpu['recorded_utilization_pct']:.1f} % of the time the trace accounts "
                      f"for (for {unrecorded:.1f} % of the steps the GPU ran work launched before "
                      f"the recording)" if unrecorded >= SHOWN_PCT_MIN else ""),
@@ -351,6 +352,12 @@ def format_human(result: dict) -> str:
                     f"of kernels), {gpu['syncs_per_step']:.1f} syncs/step"
                   + (" ({value_read:.1f} value reads, {h2d_copy:.1f} in host-to-device copies, "
                      "{other:.1f} other)".format(**gpu["syncs_by_cause_per_step"])
+                     if gpu["syncs_per_step"] else "")
+                  # The gaps the syncs end in (host_sync's and host_roundtrip's quantity): the
+                  # idle split's "host syncs" is the part of them no host region holds.
+                  + (", the GPU idles {:.1f} % of the steps in the gaps they end in ({value_read:.1f} "
+                     "after value reads, {h2d_copy:.1f} after copies, {other:.1f} after other)"
+                     .format(gpu["sync_idle_pct"], **gpu["sync_idle_pct_by_cause"])
                      if gpu["syncs_per_step"] else "")]
         copies = gpu["copies_per_step"]
         lines.append("copies       " + ", ".join(
@@ -364,12 +371,12 @@ def format_human(result: dict) -> str:
         # first to the last GPU op of the whole trace, is another span: labelled as such.
         # Host regions and work launched before the recording under SHOWN_PCT_MIN read 0.0:
         # left out of the line (the JSON has them).
-        lines.append(f"GPU idle     {sum(idle.values()):.1f} % of the steps: "
+        lines.append(f"GPU idle     {gpu['idle_pct']:.1f} % of the steps: "
                      + ", ".join(f"{idle_cause_label(cause)} {idle[cause]:.1f}"
                                  for cause in idle_causes(idle)
                                  if cause in SHOWN_CAUSES or idle[cause] >= SHOWN_PCT_MIN)
                      + f" (HTA's idle, from the first to the last GPU op of the trace: "
-                       f"{gpu['idle_pct']:.1f} %)")
+                       f"{gpu['hta_idle_pct']:.1f} %)")
     lines += host_region_lines(result["host_regions"])
     lines += python_lines(result["python"])
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()

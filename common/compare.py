@@ -68,7 +68,8 @@ def read_summary(demo_dir: Path, variant: str) -> dict:
     """DEMO_DIR/<variant>/summary.json, checked to be a demo summary."""
     run_dir = Path(demo_dir) / variant
     if not run_dir.is_dir():
-        raise CompareError(f"{run_dir}: no such directory (run demos/<demo>/{variant}.py first)")
+        raise CompareError(f"{run_dir}: no such directory (run demos/<demo>/{variant}.py first)"
+                           f"{trace.missing_run_hint(run_dir)}")
     summary_path = run_dir / trace.SUMMARY_FILE
     try:
         summary = json.loads(summary_path.read_text())
@@ -115,16 +116,55 @@ def change_words(change: float | None, better: int = 0) -> str:
     """A ratio (new ÷ old) in words with its direction: "11.30x higher", "5.88x lower" (the
     old value over the new, so that both read as a factor above 1), "the same" where it prints
     as 1.00x, and ", better" or ", worse" where the row says which way is good (`better`: +1
-    higher is better, -1 lower is better, 0 neither)."""
+    higher is better, -1 lower is better, 0 neither). A factor above RATIO_SHOWN_MAX reads "over
+    1000x": beyond it the digits say nothing a reader can use."""
     if change is None:
         return ""
     if f"{change:.2f}" == "1.00":
         return "the same"
     if change == 0:
         return "down to 0"
-    words = f"{change:.2f}x higher" if change > 1 else f"{1 / change:.2f}x lower"
-    if better:
-        words += ", better" if (change > 1) == (better > 0) else ", worse"
+    factor = change if change > 1 else 1 / change
+    shown = f"over {RATIO_SHOWN_MAX:.0f}x" if factor > RATIO_SHOWN_MAX else f"{factor:.2f}x"
+    return shown + (" higher" if change > 1 else " lower") + better_words(change > 1, better)
+
+
+def better_words(higher: bool, better: int) -> str:
+    """", better" or ", worse" for a change upwards (`higher`) or downwards, where the row says
+    which way is good (`better`: +1 higher, -1 lower, 0 neither)."""
+    if not better:
+        return ""
+    return ", better" if higher == (better > 0) else ", worse"
+
+
+def row_change(label: str, values: tuple, spec: str, better: int, steps: tuple) -> str:
+    """A table row's change in words, as its values print (`spec`). A share (a label with "%")
+    changes by points: "95.4 points less", never a ratio of two shares. Any other row: a ratio
+    (change_words), except where a side prints as zero at its precision: "down to ~0" / "up from
+    ~0" ("down to 0" where it is exactly zero). A count per step from fewer than FEW_STEPS
+    recorded steps (`steps`, each variant's) says so: one event in three steps reads 0.3/step."""
+    old, new = values
+    if old is None or new is None:
+        return ""
+    old_shown, new_shown = (float(f"{x:{spec}}") for x in values)
+    if "%" in label:
+        points = new_shown - old_shown
+        digits = spec.lstrip(".").rstrip("f")
+        words = ("the same" if f"{abs(points):.{digits}f}" == f"{0:.{digits}f}" else
+                 f"{abs(points):.{digits}f} points {'more' if points > 0 else 'less'}"
+                 + better_words(points > 0, better))
+    elif old_shown == 0 and new_shown == 0:
+        words = "the same"
+    elif new_shown == 0:
+        words = ("down to 0" if new == 0 else "down to ~0") + better_words(False, better)
+    elif old_shown == 0:
+        words = ("up from 0" if old == 0 else "up from ~0") + better_words(True, better)
+    else:
+        words = change_words(ratio(new, old), better)
+    recorded = [n for n in steps if n is not None]
+    # The harness records 3 steps: a sync every tenth step (item_sync/fixed) reads 0.3/step there.
+    if label in COUNT_ROWS and recorded and min(recorded) < FEW_STEPS and words:
+        words += f" ({min(recorded)} recorded steps)"
     return words
 
 
@@ -176,7 +216,8 @@ def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
                            f"and fixed/) or two runs: python -m common.compare BEFORE AFTER")
     if not demo_dir.is_dir():
         raise CompareError(f"{demo_dir}: no such directory (a demo's output folder, "
-                           f"e.g. traces/dataloader_workers, holding bad/ and fixed/)")
+                           f"e.g. traces/dataloader_workers, holding bad/ and fixed/)"
+                           f"{trace.missing_run_hint(demo_dir)}")
     summaries = {variant: read_summary(demo_dir, variant) for variant in VARIANTS}
     check_same_conditions(demo_dir, *(summaries[v] for v in VARIANTS))  # before the slow part
     runs = {variant: analyze_run(demo_dir / variant, summaries[variant]) for variant in VARIANTS}
@@ -206,7 +247,8 @@ def compare_runs(before: Path, after: Path, keep_detail: bool = False) -> dict:
     for path in paths.values():
         if not path.exists():
             raise CompareError(f"{path}: no such file or directory (a trace, "
-                               f".pt.trace.json[.gz], or a folder holding one)")
+                               f".pt.trace.json[.gz], or a folder holding one)"
+                               f"{trace.missing_run_hint(path)}")
     summaries = {label: run_summary(path) for label, path in paths.items()}
     if not all(summaries.values()):  # timed numbers only where both runs have them
         summaries = dict.fromkeys(BEFORE_AFTER, {})
@@ -434,10 +476,14 @@ ROWS = [
     ("trace peak memory MB",
      lambda run: None if run["summary"] else run["analysis"]["peak_memory_mb"], ".1f", -1),
     ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f", -1),
-    ("optimizer ms/step", lambda run: (run["analysis"].get("optimizer") or {}).get("ms_per_step"),
-     ".1f", -1),
+    # The optimizer's two sides, each one definition applied to both runs (metrics.
+    # optimizer_metrics): the CPU's time in its region outside runtime calls, and the region's
+    # span on the GPU timeline.
+    *((f"optimizer {side} ms/step",
+       lambda run, key=key: (run["analysis"].get("optimizer") or {}).get(key), ".1f", -1)
+      for side, key in (("CPU", "cpu_ms_per_step"), ("GPU", "gpu_ms_per_step"))),
     ("GPU utilization %", gpu_value("utilization_pct"), ".1f", 1),
-    ("GPU idle %", gpu_value("idle_pct"), ".1f", -1),
+    ("GPU idle %", gpu_value("idle_pct"), ".1f", -1),  # the window's: what the rows below split
     *((f"GPU idle: {analyze.IDLE_CAUSE_LABELS[cause]} %",
        lambda run, cause=cause: (gpu_value("idle_by_cause_pct")(run) or {}).get(cause), ".1f", -1)
       for cause in analyze.IDLE_CAUSES),
@@ -450,14 +496,17 @@ ROWS = [
 ]
 
 
+# Rows that count events per recorded step in the trace: from a few steps, the count says how many.
+COUNT_ROWS = ("kernels/step", "launches/step", "syncs/step")
+# A factor above this reads "over 1000x": a share near zero on one side gave "5161.05x lower".
+RATIO_SHOWN_MAX = 1000.0
 # Rows shown as n/a rather than left out when neither summary has them: the harness's newer
 # fields, absent from older summaries (the reader learns the run predates them). Not for runs
 # with no summary at all (traces from elsewhere): they have no timed phase to miss.
 ALWAYS_SHOWN_ROWS = ("data wait %", "profiled/timed step")
-# Rows with no change column: a share of near-zero waits (0.03 % against 0.02 %) or a ratio of
-# two ratios reads as a change where there is none.
-NO_RATIO_ROWS = ("data wait %", "profiled/timed step",
-                 *(f"GPU idle: {analyze.IDLE_CAUSE_LABELS[c]} %" for c in analyze.IDLE_CAUSES))
+# Rows with no change column: a ratio of two ratios (the profiler's overhead) reads as a change
+# of the run where there is none.
+NO_CHANGE_ROWS = ("profiled/timed step",)
 
 
 def change_header(comparison: dict) -> str:
@@ -477,8 +526,10 @@ def table_rows(comparison: dict) -> list[tuple[str, str, str, str]]:
         if bad is None and fixed is None and not (label in ALWAYS_SHOWN_ROWS and has_summaries):
             continue
         shown = ["n/a" if x is None else f"{x:{spec}}" for x in (bad, fixed)]
-        change = None if label in NO_RATIO_ROWS else ratio(fixed, bad)
-        rows.append((label, *shown, change_words(change, better)))
+        steps = tuple(comparison[v]["analysis"]["steps"] for v in labels)
+        change = "" if label in NO_CHANGE_ROWS else row_change(label, (bad, fixed), spec, better,
+                                                               steps)
+        rows.append((label, *shown, change))
     verdicts = [analyze.verdict_ids(comparison[v]["analysis"]) for v in labels]
     rows.append(("verdicts", *verdicts, ""))
     return rows

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 from common import harness, runs
+from common.trace import BYTES_PER_MB
 
 # The usual ImageNet normalisation constants (torchvision's reference training scripts).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -170,7 +171,6 @@ SHM_PATH = Path("/dev/shm")
 # second run, NCCL), and the free space can shrink while the run goes on.
 SHM_USABLE_FRACTION = 0.8
 BATCHES_IN_HAND = 1  # the batch the training process is receiving, still in /dev/shm meanwhile
-BYTES_PER_MB = 1e6  # decimal, as the README's batch sizes (154 MB)
 BYTES_PER_GIB = 1024 ** 3  # what Docker's --shm-size=<n>g means
 
 

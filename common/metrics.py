@@ -236,16 +236,26 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     # Copy time with no kernel running beside it: what the step waits for. A copy on a side
     # stream under the compute stream's kernels (dataloader_workers/fixed on a GPU) costs nothing.
     h2d_exposed = union_in(concat(kernels, h2d), low, high) - kernel_busy
+    # GPU work of every kind (kernels, copies, memsets): utilization, and the idle time the causes
+    # split, are its share of the window and the rest (they add up to 100).
+    gpu_busy = union_in(busy, low, high)
     idle = idle_by_cause_pct(columns, busy, window, syncs.end[syncs.step >= 0], regions,
                              unrecorded_work(columns, window))
     return {
-        "utilization_pct": share(kernel_busy, span),
+        "utilization_pct": share(gpu_busy, span),
         # The same, of the time the trace accounts for: without the idle stretches in which the
         # GPU ran or waited on work launched before the recording (idle cause "unrecorded").
-        "recorded_utilization_pct": share(kernel_busy, span * (1 - idle["unrecorded"] / 100.0)),
+        "recorded_utilization_pct": share(gpu_busy, span * (1 - idle["unrecorded"] / 100.0)),
+        # Utilization in three parts that add up to it: compute kernels, collective kernels with
+        # no compute beside them, and copies and memsets with no kernel beside them.
         "compute_pct": share(compute_busy, span),
         "exposed_comm_pct": share(kernel_busy - compute_busy, span),
-        "idle_pct": 100.0 - share(total(busy), gpu_span) if gpu_span > 0 else 0.0,
+        "copy_only_pct": share(gpu_busy - kernel_busy, span),
+        # The window's idle time: what the causes (idle_by_cause_pct) split.
+        "idle_pct": 100.0 - share(gpu_busy, span),
+        # HTA's idle: the same work over another span, the first to the last GPU op of the trace
+        # (any steps), as Holistic Trace Analysis defines it; shown only under HTA's name.
+        "hta_idle_pct": 100.0 - share(total(busy), gpu_span) if gpu_span > 0 else 0.0,
         "kernels_per_step": duration.size / n_steps,
         "median_kernel_us": float(np.median(duration)) if duration.size else None,
         "short_kernel_pct": share(float((duration < SHORT_KERNEL_US).sum()), duration.size),

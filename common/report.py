@@ -108,7 +108,7 @@ def idle_figure(analyses: dict[str, analyze.Analysis], title: str):
     left = np.zeros(len(labels))
     idle = [a.result["gpu"]["idle_by_cause_pct"] for a in analyses.values()]
     causes = analyze.idle_causes(*idle)  # every run's host regions too, after the DataLoader
-    parts = {"busy": [100.0 - sum(i.values()) for i in idle],
+    parts = {"busy": [a.result["gpu"]["utilization_pct"] for a in analyses.values()],
              **{cause: [i.get(cause, 0.0) for i in idle] for cause in causes}}
     regions = iter(HOST_REGION_COLORS * len(causes))
     for part, widths in parts.items():
@@ -165,7 +165,7 @@ def timeline_figure(analyses: dict[str, analyze.Analysis], title: str):
         ax.set_ylim(max(len(rows), 1) - 0.4, -0.6)  # first row on top
         ax.set_xlim(0, longest_ms)
         gpu = analysis.result["gpu"]
-        ax.set_title(f"{variant}: GPU utilization {gpu['utilization_pct']:.0f} %" if has_gpu
+        ax.set_title(f"{variant}: GPU utilization {gpu['utilization_pct']:.1f} %" if has_gpu
                      else f"{variant}: CPU-only trace, no GPU timeline - the CPU's step regions",
                      fontsize=9, loc="left")
     column_us = longest_ms / TIMELINE_COLUMNS * trace_steps.US_PER_MS
@@ -315,8 +315,8 @@ TERMS = ("**Terms.** A *step* is one training iteration (`ProfilerStep#N` in the
          "from the first profiled step's start to the last one's end on the GPU's clock; the "
          "*host window* over the same steps as the CPU ran them. A *preset* is a demo's sizes "
          "for a device (`cuda`, `cpu`, `smoke`). *Utilization*: the share of the window some "
-         "kernel runs; *idle by cause*: what the GPU waited for in the rest. Every term: the "
-         "glossary in `common/README.md`.")
+         "kernel, copy or memset runs; *GPU idle*: the rest, split *by cause* (what the GPU "
+         "waited for). Every term: `common/GLOSSARY.md`.")
 
 
 def header_lines(out_root: Path, generated: str, leftovers: list[str]) -> list[str]:

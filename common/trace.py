@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - a dependency; zlib where it is absent
     INFLATE = zlib
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-BYTES_PER_MB = 1024 * 1024  # MiB, the unit torch.cuda.memory_summary uses
+BYTES_PER_MB = 1e6  # MB are decimal in every output (torch.cuda.memory_summary prints MiB)
 CPU_DEVICE_TYPE = 0  # "Device Type" of a [memory] event: 0 is the CPU, 1 is CUDA (c10::DeviceType)
 GZIP_MAGIC = b"\x1f\x8b"  # a gzip file's first two bytes, whatever the file is called
 SUMMARY_FILE = "summary.json"  # what a demo run writes beside its trace (common/profiling.py)
@@ -55,6 +55,28 @@ class TraceError(ValueError):
     """A file that is not a readable Kineto trace; the message names the file and the problem."""
 
 
+def missing_run_hint(path: Path) -> str:
+    """For a path under traces/<pair>/ that does not exist (a demo not run yet): the command that
+    makes it and the committed reference runs of the same pair (traces/reference/<gpu>/<pair>/
+    ...), as "; ..." to follow an error; "" for any other path."""
+    parts = Path(path).parts
+    if "traces" not in parts:
+        return ""
+    at = parts.index("traces")
+    root, rest = Path(*parts[:at]) if at else Path(), parts[at + 1:]
+    if not rest or rest[0] == "reference":
+        return ""
+    pair, below = rest[0], rest[1:]
+    hint = (f"; ./scripts/run_demos.sh {pair} makes it"
+            if (root / "demos" / pair / "bad.py").is_file() else "")
+    references = sorted(p.joinpath(*below) for p in (root / "traces" / "reference").glob(
+        f"*/{pair}") if p.joinpath(*below).exists())
+    if references:
+        hint += ("; a committed run of the same pair: "
+                 + ", ".join(str(p) for p in references))
+    return hint
+
+
 def newest_trace(path: Path) -> Path:
     """`path` itself if it is a file, else the newest trace in the run directory `path`."""
     path = Path(path)
@@ -68,7 +90,7 @@ def newest_trace(path: Path) -> Path:
                    f"e.g. {deeper[0].parent}" if deeper else ""))
         return found[-1]
     if not path.exists():
-        raise TraceError(f"{path}: no such file or directory")
+        raise TraceError(f"{path}: no such file or directory{missing_run_hint(path)}")
     return path
 
 

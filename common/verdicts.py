@@ -255,7 +255,7 @@ def rule_host_sync(m: dict) -> dict | None:
     reads = gpu["syncs_by_cause_per_step"]["value_read"]
     evidence = (
         f"host syncs: {per_step:.1f} per step ({reads:.1f} read a value from the GPU; issued by "
-        f"{sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.0f} % of the "
+        f"{sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.1f} % of the "
         f"window in the gaps they end in (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and >= "
         f"{HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
     if idle["value_read"] >= idle["other"]:  # the reads cost the most: name them
@@ -286,7 +286,7 @@ def rule_host_roundtrip(m: dict) -> dict | None:
         f"{copies['d2h']['count']:.1f} copies to the host and {copies['h2d']['count']:.1f} back "
         f"a step) and {dependent:.1f} syncs a step from operators whose output size depends on "
         f"the data ({sync_sources(gpu, ('value_read', 'h2d_copy'))}); the GPU idles "
-        f"{gpu['sync_idle_pct']:.0f} % of the window in the gaps the syncs end in (rule: >= "
+        f"{gpu['sync_idle_pct']:.1f} % of the window in the gaps the syncs end in (rule: >= "
         f"{HOST_ROUNDTRIP_PER_STEP_MIN:.0f} round trip or >= "
         f"{DATA_DEPENDENT_SYNCS_PER_STEP_MIN:.0f} data-dependent syncs a step, and >= "
         f"{HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
@@ -506,6 +506,16 @@ def rule_h2d_copy(m: dict) -> dict | None:
                    "; ".join(fixes), "dataloader_workers")
 
 
+def optimizer_side(optimizer: dict) -> str:
+    """Which side the optimizer's time (metrics.optimizer_metrics: the longer of the two) is, with
+    the other beside it: its two times have their own names in every output."""
+    cpu, gpu = optimizer["cpu_ms_per_step"], optimizer["gpu_ms_per_step"]
+    if gpu is None:
+        return "on the CPU"
+    return (f"on the GPU; {cpu:.1f} ms on the CPU" if gpu > cpu
+            else f"on the CPU; {gpu:.1f} ms on the GPU")
+
+
 def rule_unfused_optimizer(m: dict) -> dict | None:
     optimizer = m.get("optimizer")
     if (not optimizer or optimizer["pct"] < UNFUSED_OPTIMIZER_MIN_PCT
@@ -517,7 +527,8 @@ def rule_unfused_optimizer(m: dict) -> dict | None:
     return finding(
         "unfused_optimizer", severity(optimizer["pct"], UNFUSED_OPTIMIZER_MIN_PCT),
         f"optimizer bound: optimizer.step takes {optimizer['pct']:.0f} % of the window "
-        f"({optimizer['ms_per_step']:.1f} ms/step) in {optimizer['ops_per_step']:.0f} operators "
+        f"({optimizer['ms_per_step']:.1f} ms/step, {optimizer_side(optimizer)}) in "
+        f"{optimizer['ops_per_step']:.0f} operators "
         f"per step ({us_per_op:.1f} us each), none of them multi-tensor (_foreach_/_fused_): "
         f"one small update per parameter tensor (rule: >= {UNFUSED_OPTIMIZER_MIN_PCT:.0f} %, "
         f"<= {UNFUSED_OPTIMIZER_MAX_US_PER_OP:.0f} us per operator, no multi-tensor op)",

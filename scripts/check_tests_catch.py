@@ -88,6 +88,21 @@ EDITS = (
     Edit("SMALL_BATCH_MEDIAN_KERNEL_MAX_US 25 -> 30 in the code alone", "common/verdicts.py",
          "SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 25.0", "SMALL_BATCH_MEDIAN_KERNEL_MAX_US = 30.0",
          VERDICT_TESTS),
+    # One quantity, one value: a definition or a format changed in one output alone.
+    Edit("compare's GPU idle row shows HTA's idle", "common/compare.py",
+         '("GPU idle %", gpu_value("idle_pct"), ".1f", -1),',
+         '("GPU idle %", gpu_value("hta_idle_pct"), ".1f", -1),', ("tests/test_one_number.py",)),
+    Edit("analyze's idle line sums its causes", "common/analyze.py",
+         'lines.append(f"GPU idle     {gpu[\'idle_pct\']:.1f} % of the steps: "',
+         'lines.append(f"GPU idle     {sum(idle.values()):.0f} % of the steps: "',
+         ("tests/test_one_number.py",)),
+    Edit("utilization counts kernels only", "common/metrics.py",
+         '"utilization_pct": share(gpu_busy, span),', '"utilization_pct": share(kernel_busy, span),',
+         ("tests/test_one_number.py", "tests/test_analyze.py")),
+    Edit("MB are MiB again", "common/trace.py", "BYTES_PER_MB = 1e6", "BYTES_PER_MB = 1024 * 1024",
+         ("tests/test_analyze.py", "tests/test_one_number.py")),
+    Edit("a share's change said as a ratio", "common/compare.py", 'if "%" in label:',
+         'if False:', ("tests/test_compare.py",)),
 )
 
 

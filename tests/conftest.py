@@ -235,7 +235,7 @@ def synthetic_pairs_out(tmp_path_factory) -> Path:
     """Two pairs as the demo scripts would leave them on a GPU, from tests/kineto_builder.py:
     small_batch (bad: short kernels, GPU 37 % busy; fixed: healthy) and activation_checkpointing
     (bad: peak memory at 90 % of the GPU; fixed: 30 %)."""
-    from tests.kineto_builder import (H100_MEMORY_BYTES, MIB, KinetoTrace, simulate_training,
+    from tests.kineto_builder import (H100_MEMORY_BYTES, MB, KinetoTrace, simulate_training,
                                       write_demo_run)
 
     def gpu_trace(**options) -> KinetoTrace:
@@ -253,5 +253,5 @@ def synthetic_pairs_out(tmp_path_factory) -> Path:
         peak = int(share * H100_MEMORY_BYTES)
         write_demo_run(out, "activation_checkpointing", variant,
                        gpu_trace(peak_memory_bytes=peak, backward=True),
-                       samples_per_s=samples_per_s, peak_memory_mb=peak / MIB)
+                       samples_per_s=samples_per_s, peak_memory_mb=peak / MB)
     return out

@@ -30,7 +30,7 @@ VOCABULARIES = {
                         driver="Runtime", kernel="kernel", memcpy="gpu_memcpy",
                         memset="gpu_memset", gpu_annotation="gpu_profiler_step", flow="ac2g"),
 }
-MIB = 1024 * 1024
+MB = 10 ** 6  # the analyzer's MB: decimal, as in every output
 H100_NAME = "NVIDIA H100 80GB HBM3"
 H100_MEMORY_BYTES = 85_520_809_984  # totalGlobalMem Kineto reports for an H100 SXM 80 GB
 

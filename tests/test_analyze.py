@@ -13,7 +13,7 @@ from common import analyze, kernel_names, trace, trace_steps
 from common.verdicts import DATALOADER_SHARE_MIN_PCT, HOST_SYNC_IDLE_MIN_PCT
 from tests.conftest import ROOT, read_summary
 from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FLASH_FP16_BWD,
-                                  FP32_GEMM, H100_MEMORY_BYTES, H100_NAME, MIB, NVJET_FP16_GEMM,
+                                  FP32_GEMM, H100_MEMORY_BYTES, H100_NAME, MB, NVJET_FP16_GEMM,
                                   NVJET_FP32_GEMM, NVJET_GEMM, NVJET_TF32_GEMM, KinetoTrace,
                                   simulate_training)
 
@@ -40,8 +40,8 @@ def hand_trace(vocabulary: str) -> KinetoTrace:
     t.runtime("cudaStreamSynchronize", T0 + 160, 25)
     t.memset(T0 + 170, 2, T0 + 175, 2)
     t.launch(T0 + 186, 4, T0 + 190, 40.5, name=NVJET_GEMM)  # runs past the step's host end
-    for at, mib, device_type in ((10, 100, 1), (60, 300, 1), (150, 200, 1), (70, 999, 0)):
-        t.memory(T0 + at, mib * MIB, device_type)
+    for at, mb, device_type in ((10, 100, 1), (60, 300, 1), (150, 200, 1), (70, 999, 0)):
+        t.memory(T0 + at, mb * MB, device_type)
     return t
 
 
@@ -51,8 +51,12 @@ def hand_trace(vocabulary: str) -> KinetoTrace:
 # 100 .. 230.5 (its last kernel). Window 5 .. 230.5 = 225.5.
 WINDOW_US = 225.5
 EXPECTED_GPU = {
-    "utilization_pct": 100 * (35 + 20 + 40.5) / WINDOW_US,
-    "idle_pct": 100 * (1 - 152.5 / 270.5),
+    # Kernels, the copy and the memset: [20,55] [60,70] [120.25,140.25] [175,177] [190,230.5].
+    "utilization_pct": 100 * (35 + 10 + 20 + 2 + 40.5) / WINDOW_US,
+    "idle_pct": 100 * (1 - (35 + 10 + 20 + 2 + 40.5) / WINDOW_US),  # what the causes split
+    "copy_only_pct": 100 * (10 + 2) / WINDOW_US,  # the copy and the memset, no kernel beside them
+    # HTA's: the same work from the first GPU op (-40) to the last (230.5).
+    "hta_idle_pct": 100 * (1 - 152.5 / 270.5),
     "kernels_per_step": 4 / 2,
     "median_kernel_us": 25.0,  # of 30, 5, 20, 40.5
     "short_kernel_pct": 25.0,  # one of four < 10 µs
@@ -81,7 +85,7 @@ def test_gpu_metrics_match_the_hand_computed_numbers(tmp_path, vocabulary):
     assert result["window_ms"] == pytest.approx(WINDOW_US / 1000)
     assert result["dataloader_pct"] == pytest.approx(100 * 4 / WINDOW_US)  # clipped at 5
     assert result["peak_memory_mb"] == pytest.approx(300.0)  # CUDA events only
-    assert result["device_memory_mb"] == pytest.approx(H100_MEMORY_BYTES / MIB)
+    assert result["device_memory_mb"] == pytest.approx(H100_MEMORY_BYTES / MB)
     for name, expected in EXPECTED_GPU.items():
         assert result["gpu"][name] == pytest.approx(expected, rel=1e-9), name
 
@@ -90,8 +94,8 @@ def test_idle_uses_the_float_timestamps(tmp_path):
     """Rounded to whole µs, the idle share would move by 0.5/270.5 (the kernel ending at 230.5)."""
     result = analyze.analyze_trace(hand_trace("current").write(tmp_path / "t.pt.trace.json"))
     rounded_idle = 100 * (1 - 152 / 270)
-    assert result["gpu"]["idle_pct"] == pytest.approx(EXPECTED_GPU["idle_pct"], abs=1e-9)
-    assert abs(result["gpu"]["idle_pct"] - rounded_idle) > 0.05
+    assert result["gpu"]["hta_idle_pct"] == pytest.approx(EXPECTED_GPU["hta_idle_pct"], abs=1e-9)
+    assert abs(result["gpu"]["hta_idle_pct"] - rounded_idle) > 0.05
 
 
 @pytest.mark.parametrize("vocabulary", ["current", "2021", "tensorboard"])
@@ -163,7 +167,7 @@ def test_a_split_inside_a_string_is_split_again(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "CHUNK_BYTES", 10)  # try a split after every event
     assert sum(map(len, trace.event_pieces(path)[1])) == len(built.to_json()["traceEvents"])
     result = analyze.analyze_trace(path)
-    assert result["gpu"]["idle_pct"] == pytest.approx(EXPECTED_GPU["idle_pct"])
+    assert result["gpu"]["hta_idle_pct"] == pytest.approx(EXPECTED_GPU["hta_idle_pct"])
     assert result["gpu"]["utilization_pct"] == pytest.approx(EXPECTED_GPU["utilization_pct"])
 
 
@@ -197,7 +201,7 @@ def test_one_step_cpu_trace_with_integer_times(tmp_path):
     t.step(7, 1000, 400)
     t.dataloader(1000, 100)
     t.op("aten::conv2d", 1100, 300)
-    t.memory(1200, 64 * MIB, 0)
+    t.memory(1200, 64 * MB, 0)
     result = analyze.analyze_trace(t.write(tmp_path / "t.pt.trace.json"))
     assert (result["steps"], result["device"], result["gpu"]) == (1, "cpu", None)
     assert result["step_ms"] == {"mean": 0.4, "p50": 0.4, "p95": 0.4}

@@ -226,7 +226,7 @@ def test_data_wait_and_profiler_overhead_rows_and_warning(synthetic_pairs_out, t
     assert compare.main([str(demo_dir)]) == 0
     out = capsys.readouterr().out
     rows = text_rows(out)
-    assert rows["data wait %"] == ["42.5", "3.0"]  # no fixed/bad: NO_RATIO_ROWS
+    assert rows["data wait %"] == ["42.5", "3.0", "39.5 points less, better"]  # a share: points
     assert rows["profiled/timed step"] == ["1.10", "1.60"]
     warnings = [line.strip() for line in out.splitlines() if line.startswith("  warning: ")]
     assert warnings == ["warning: fixed: profiled steps ran 1.60x the timed step p50 (warn above "

@@ -137,7 +137,7 @@ def test_work_launched_before_the_recording_is_not_idle(tmp_path, capsys):
     assert gpu["recorded_utilization_pct"] == pytest.approx(100 * 608 / 708)
     assert analyze.main([str(tmp_path / "t.json")]) == 0
     assert ("utilization 60.8 % of the steps (compute kernels 60.8 %, collectives with no compute "
-            "beside them 0.0 %), H2D copies 0.0 %; 85.9 % of the time the trace accounts for (for "
+            "beside them 0.0 %, copies and memsets alone 0.0 %), H2D copies 0.0 %; 85.9 % of the time the trace accounts for (for "
             "29.2 % of the steps the GPU ran work launched before the recording)"
             ) in capsys.readouterr().out
 

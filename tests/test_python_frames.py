@@ -13,7 +13,7 @@ from tests.kineto_builder import ELEMENTWISE, KinetoTrace
 
 T0 = 1_000_000.0  # µs
 STEP_US = 1000.0
-COPY_BYTES = 4 * 2**20  # the device-to-host copy: 4 MB
+COPY_BYTES = 4 * 10**6  # the device-to-host copy: 4 MB
 
 # Each step of 1000 µs at T (times after T), on one thread:
 #   train.py(10): step            0..900   (user)  self 900 - 300 - 50 - 50 - 50 = 450 µs

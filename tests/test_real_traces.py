@@ -321,7 +321,7 @@ def test_gpu_counts_by_hand(name):
 @pytest.mark.parametrize("name", [n for n in NAMES if EXPECTED[n]["device"] != "cpu"])
 def test_gpu_idle_as_holistic_trace_analysis_defines_it(name):
     _, events = raw(name)
-    assert cli_json(name)["gpu"]["idle_pct"] == pytest.approx(hand_idle_pct(events),
+    assert cli_json(name)["gpu"]["hta_idle_pct"] == pytest.approx(hand_idle_pct(events),
                                                               abs=IDLE_TOLERANCE_PCT)
 
 
@@ -358,13 +358,13 @@ def test_cpu_only_trace_by_hand():
 
 def test_peak_memory_by_hand():
     """v100_instant_events: the largest "Total Allocated" of its [memory] instant events on the
-    GPU ("Device Type" 1), in MiB."""
+    GPU ("Device Type" 1), in MB (10^6 bytes)."""
     top, _ = raw("v100_rank1_instant_events_5steps.json.gz")
     peak = max(e["args"]["Total Allocated"] for e in top["traceEvents"]
                if e.get("ph") == "i" and e.get("name") == "[memory]"
                and e["args"].get("Device Type") == 1)
     result = cli_json("v100_rank1_instant_events_5steps.json.gz")
-    assert result["peak_memory_mb"] == pytest.approx(peak / 2**20)
+    assert result["peak_memory_mb"] == pytest.approx(peak / 1e6)
 
 
 def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
