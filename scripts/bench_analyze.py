@@ -101,7 +101,7 @@ def default_seed() -> Path | None:
     """DEFAULT_SEED where ../shared/traces has it, else the newest trace under traces/."""
     if DEFAULT_SEED.is_file():
         return DEFAULT_SEED
-    for pattern in ("reference/*/*/bad/*", "*/bad/*", "**/*"):
+    for pattern in ("reference/h100/*/bad/*", "*/bad/*", "**/*"):
         found = [p for p in (ROOT / "traces").glob(pattern)
                  if p.is_file() and p.name.endswith(trace.TRACE_SUFFIXES)]
         if found:

@@ -1,14 +1,22 @@
 """Draw the picture at the top of every walkthrough: demos/<demo>/trace.png, bad above fixed.
 
-For each pair, from the committed reference traces (traces/reference/h100/<demo>/{bad,fixed}):
-one figure, bad above fixed on one shared time axis (the same ms scale for both, each variant
-from its own first profiled step), zoomed to where the pair's bottleneck shows (ZOOMS says where
-and why, per demo). Each row is the share of every column of time it is busy, as
+For each pair, from a committed reference run (traces/reference/h100/<demo>/{bad,fixed}, else
+traces/reference/cpu/<demo>/{bad,fixed}: a GPU run replaces a CPU one as soon as it exists): one
+figure, bad above fixed on one shared time axis (the same ms scale for both, each variant from
+its own first profiled step), zoomed to where the pair's bottleneck shows (ZOOMS and CPU_ZOOMS
+say where and why, per demo). Each row is the share of every column of time it is busy, as
 common/report.py's timeline draws it: the CPU regions that matter (data, enumerate(DataLoader),
 forward, backward, optimizer), the host's syncs or collective calls where they are the lesson,
-and the GPU's kernels; dashed lines are step boundaries as the GPU ran them. Where memory is the
-lesson, a third panel draws memory allocated over the same window, from the trace's [memory]
-events. Every number in a title is read from the trace or its summary.json. Imports no torch.
+the GPU's kernels, and on a CPU run the PyTorch operators; dashed lines are step boundaries.
+Where memory is the lesson, a third panel draws memory allocated over the same window, from the
+trace's [memory] events.
+
+Every number in a title is one that `python -m common.compare` or `python -m common.analyze`
+prints for the run, as they print it (one decimal for a percentage): the step p50, throughput,
+GPU utilization and idle (with its causes, as the analyzer's "GPU idle" line names them) are
+compare's table cells; the rest are the analyzer's. Where the profiled steps drawn took more
+than 1.2x the timed step p50 (or less than 1/1.2 of it), the panel says so under its title.
+Imports no torch.
 
 Examples:
   .venv/bin/python scripts/walkthrough_figures.py                  every demo, into demos/
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,16 +48,20 @@ from common.trace_columns import DATALOADER_REGION  # noqa: E402
 DEMOS = ("dataloader_workers", "small_batch", "mixed_precision", "activation_checkpointing",
          "launch_overhead", "item_sync", "naive_attention", "unfused_optimizer", "padding_waste",
          "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound")
-DEFAULT_REFERENCE = ROOT / "traces" / "reference" / "h100"
+REFERENCE_ROOT = ROOT / "traces" / "reference"
+# Where a pair's picture is drawn from, the first folder that has both its runs: the H100 run,
+# else a CPU run (for the pairs the H100 reference does not have yet).
+DEFAULT_REFERENCES = (REFERENCE_ROOT / "h100", REFERENCE_ROOT / "cpu")
 DEFAULT_OUT_ROOT = ROOT / "demos"
 FIGURE_NAME = "trace.png"
 VARIANTS = compare.VARIANTS  # ("bad", "fixed"): bad drawn above fixed
 FIGURE_WIDTH_IN = 10.0  # the width a README shows at full size on a laptop screen
 # ~900 px wide: sharp enough in a README, and each PNG stays well under 120 KB (the walkthroughs
-# carry ten of them in the repository).
+# carry thirteen of them in the repository).
 FIGURE_DPI = 90
 ROW_HEIGHT_IN = 0.42  # one row of a variant's panel: its label in 8 pt fits with room to spare
 PANEL_EXTRA_IN = 0.75  # a panel's title and margins, on top of its rows
+TITLE_LINE_IN = 0.2  # each further line of a panel's title (the profiled-vs-timed note)
 MEMORY_PANEL_IN = 1.9  # the memory panel: two curves and a legend
 # Columns across the window: about one per pixel of the axes at FIGURE_DPI, as report's
 # TIMELINE_COLUMNS is at its wider figures (a busy share per column, so a kernel narrower than a
@@ -59,15 +72,27 @@ ROW_FILL = 0.8  # a fully busy column fills this much of its row's height (rows 
 # "Software" by default), so regenerating on the same matplotlib writes identical bytes.
 PNG_METADATA = {"Software": None}
 BEYOND_COLOR = "#eeeeee"  # the part of the window after a variant's last profiled step
+BEYOND_TEXT_MIN = 0.25  # share of the window that part needs for its words to fit in it
 SYNC_COLOR = "#ef6c00"  # report.IDLE_COLORS["host_sync"]: the host waiting for the GPU
 # The GPU idle after a host sync (idle cause host_sync), shaded behind the GPU row: a pale
 # SYNC_COLOR, so the kernels drawn over it stay readable.
 SYNC_GAP_COLOR = "#ffcc80"
 COLLECTIVE_COLOR = "#00838f"  # teal: apart from the regions' blues, which it sits between
 GPU_COLOR = "#2e7d32"  # report's GPU row
+# Kernels with no launch call in the trace, in the GPU row: launched before the recording began
+# (a GPU that runs behind the host is still working through earlier steps), a pale GPU_COLOR.
+EARLIER_KERNEL_COLOR = "#a5d6a7"
+EARLIER_KERNELS_SHOWN_MIN = 2.0  # columns' worth of them in the window: two pixels, seen
+OPERATOR_COLOR = "#455a64"  # a CPU run's operators: grey-blue, apart from the regions' colours
+NAMED_OPERATOR_COLOR = "#d84315"  # one operator picked out by name (the cache's aten::cat)
+NOTE_COLOR = "#616161"  # the grey of the lines that qualify a title
+NOTE_WIDTH = 120  # characters a line of the figure's note: what 10 pt fits across the figure
 # A row split in two by kernel name: the row that is the lesson dark, the rest a pale green.
 TENSOR_CORE_COLOR = "#1b5e20"
 CUDA_CORE_COLOR = "#9ccc65"
+# A panel's profiled steps and its headline's timed steps "differ" beyond this factor either way:
+# compare's own threshold for its warning (profiled step p50 / timed step p50).
+PROFILED_VS_TIMED_MAX = trace.PROFILER_OVERHEAD_WARN_RATIO
 
 # --- What each figure shows. ------------------------------------------------------------------
 # Rows, by key: CPU regions (report.TIMELINE_ROWS: data, DataLoader, forward, backward,
@@ -80,19 +105,25 @@ TENSOR_CORE_ROW = "tensor_cores"  # kernels whose names say tensor cores (kernel
 CUDA_CORE_ROW = "cuda_cores"  # every other kernel
 ATTENTION_ROW = "attention"  # fused attention kernels (kernel_names.ATTENTION_PATTERN)
 NOT_ATTENTION_ROW = "not_attention"  # every other kernel
+OPERATORS_ROW = "operators"  # every PyTorch operator on the host (cpu_op), merged: its gaps are
+# time in no operator (Python, or a library outside PyTorch)
 # A row of the user's record_function ranges of one name (the trace's user_annotation spans, as
 # the analyzer's host regions read them): "region:tokenize".
 REGION_ROW_PREFIX = "region:"
+# A row of the operators whose name starts with the text after the prefix: "op:aten::cat".
+OPERATOR_ROW_PREFIX = "op:"
 CPU_ROWS = report.TIMELINE_ROWS
-ROW_LABELS = {DATALOADER_REGION: "enumerate(DataLoader)", SYNC_ROW: "host waits (sync)",
+ROW_LABELS = {DATALOADER_REGION: "enumerate(DataLoader)", SYNC_ROW: "host waits for the GPU",
               COLLECTIVE_ROW: "all-reduce calls", GPU_ROW: "GPU kernels",
               GPU_OPTIMIZER_ROW: "GPU: optimizer", TENSOR_CORE_ROW: "GPU: tensor-core kernels",
               CUDA_CORE_ROW: "GPU: kernels not on\ntensor cores",
-              ATTENTION_ROW: "GPU: attention kernels", NOT_ATTENTION_ROW: "GPU: other kernels"}
+              ATTENTION_ROW: "GPU: attention kernels", NOT_ATTENTION_ROW: "GPU: other kernels",
+              OPERATORS_ROW: "PyTorch operators\n(gaps: none runs)"}
 ROW_COLORS = {**report.REGION_COLORS, SYNC_ROW: SYNC_COLOR, COLLECTIVE_ROW: COLLECTIVE_COLOR,
               GPU_ROW: GPU_COLOR, GPU_OPTIMIZER_ROW: report.REGION_COLORS["optimizer"],
               TENSOR_CORE_ROW: TENSOR_CORE_COLOR, CUDA_CORE_ROW: CUDA_CORE_COLOR,
-              ATTENTION_ROW: TENSOR_CORE_COLOR, NOT_ATTENTION_ROW: CUDA_CORE_COLOR}
+              ATTENTION_ROW: TENSOR_CORE_COLOR, NOT_ATTENTION_ROW: CUDA_CORE_COLOR,
+              OPERATORS_ROW: OPERATOR_COLOR}
 # Rows that split the kernels by name: the row -> which kernel names are its; and each
 # complement row -> the row whose kernels it leaves out.
 KERNEL_CLASSES = {TENSOR_CORE_ROW: uses_tensor_cores,
@@ -104,6 +135,8 @@ KERNEL_COMPLEMENTS = {CUDA_CORE_ROW: TENSOR_CORE_ROW, NOT_ATTENTION_ROW: ATTENTI
 # ran it (the analyzer's extended steps), for GPU-bound pairs, where the CPU runs seconds ahead
 # and the lesson is how long the GPU takes.
 HOST, GPU = "host", "gpu"
+# Words under the figure's title of a CPU run (the pairs the GPU reference lacks so far).
+CPU_RUN_NOTE = "needs a CUDA GPU; not yet run on one"
 
 
 @dataclass(frozen=True)
@@ -121,11 +154,16 @@ class Zoom:
     of: str = "bad"
     until: str = GPU
     memory: bool = False  # a memory-over-time panel under the two variants
-    what: str = ""  # the window in words, for the figure's title
+    what: str = ""  # the window in words, for the figure's title (no numbers: the axis has them)
+    note: str = ""  # a line under the figure's title: what to read the picture by, in words
+    labels: tuple[tuple[str, str], ...] = ()  # (row key, label) where a pair names a row its way
+    # Arrows with words at the first host wait and the first GPU gap after one in bad's panel
+    # (the rows SYNC_ROW and GPU_ROW): where the waits are the lesson.
+    point_at_waits: bool = False
 
 
 ZOOMS = {
-    # Whole steps: bad's step is 2.3 s, nearly all of it the DataLoader decoding images in the
+    # Whole steps: bad's step is over 2 s, nearly all of it the DataLoader decoding images in the
     # training process with the GPU idle; fixed runs its three profiled steps in a fifth of that
     # window with the GPU busy. One of bad's steps is the smallest window that shows both.
     "dataloader_workers": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer",
@@ -144,30 +182,39 @@ ZOOMS = {
     # fixed's host steps (the longer, recomputing), in which bad's forward builds the saved
     # activations up to its peak and its backward frees them; the GPU runs seconds behind and
     # is busy throughout.
-    "activation_checkpointing": Zoom(HOST, ("forward", "backward", "optimizer", GPU_ROW),
-                                     steps=1, of="fixed", until=HOST, memory=True,
-                                     what="one host step of fixed, with memory allocated"),
+    "activation_checkpointing": Zoom(
+        HOST, ("forward", "backward", "optimizer", GPU_ROW), steps=1, of="fixed", until=HOST,
+        memory=True, what="one host step of fixed, with memory allocated",
+        note="GPU bound: the host runs a step ahead of the GPU, which is busy throughout (pale: "
+             "kernels of earlier steps); memory follows the host; dashed lines: the host's steps"),
     # fixed (a CUDA graph) runs a whole step in about 5 ms; in the same 5 ms bad's CPU has not
     # finished launching the forward pass, and its GPU row is thin slivers of tiny kernels.
     "launch_overhead": Zoom(HOST, ("forward", "backward", "optimizer", GPU_ROW), steps=1,
                             of="fixed", what="one step of fixed"),
-    # A few blocks of the backward pass, 3.5 ms from 12 ms into the first step (the backward
+    # Two blocks of the backward pass, 1.4 ms from 12.2 ms into the first step (the backward
     # runs from about 6.7 to 25 ms in bad, 10 to 23 ms in fixed): in bad each block's gradient
-    # hook ends in a host wait, the GPU row has a gap after each (shaded), and a block takes
-    # longer than fixed's, which fits more blocks in the same 3.5 ms. At a whole step (about
-    # 26 ms, 78 ms for the three) bad and fixed look the same: both are launch bound.
-    "item_sync": Zoom(HOST, ("backward", SYNC_ROW, GPU_ROW), start_ms=12.0, width_ms=3.5,
-                      what="3.5 ms of the backward pass"),
+    # hook ends in a host wait (~10 µs: the GPU has nearly caught up, the pair is launch bound)
+    # and the GPU idles ~60 µs after it, until the host launches again (shaded); fixed's blocks
+    # run without. At this zoom a wait is a few pixels and a gap tens (at 3.5 ms they were two
+    # and thirteen); the arrows name them. At a whole step (about 26 ms) bad and fixed look
+    # alike: both are launch bound.
+    "item_sync": Zoom(HOST, ("backward", SYNC_ROW, GPU_ROW), start_ms=12.2, width_ms=1.4,
+                      what="two blocks of the backward pass",
+                      labels=((SYNC_ROW, "host waits for the GPU\n(.item())"),
+                              (GPU_ROW, "GPU kernels\n(shaded: idle after a wait)")),
+                      point_at_waits=True),
     # Memory is the lesson (the [s, s] score matrices), and the host runs ahead of the GPU:
-    # bad's three host steps, each with its peak of score matrices; fixed's three fit in a
-    # quarter of that. Up to the host's end: after it the GPU only catches up, with no new
-    # allocations.
-    # No GPU row: in this window bad's GPU runs only kernels of steps before the profiled ones
-    # (its first profiled step starts on the GPU after the host's third has ended), so it says
-    # nothing of the steps drawn; the step times are in the titles.
-    "naive_attention": Zoom(HOST, ("forward", "backward", "optimizer"), steps=3,
-                            until=HOST, memory=True,
-                            what="the three host steps of bad, with memory allocated"),
+    # bad's three host steps (13, 21 and 72 ms on the host: the third waits for the GPU), each
+    # with its peak of score matrices, end before the GPU starts the first of them; the GPU
+    # then runs three steps of 72 ms, the step time the title gives. The window runs to the end
+    # of bad's third step on the GPU, and the dashed lines are the steps as the GPU ran them.
+    # fixed's host and GPU steps are over in a sixth of it.
+    "naive_attention": Zoom(
+        HOST, ("forward", "backward", "optimizer", GPU_ROW), steps=3, memory=True,
+        what="bad's three profiled steps, host and GPU, with memory allocated",
+        note="the host runs ahead: its three steps are over before the GPU starts the first "
+             "of them (dashed lines: the steps as the GPU ran them; pale: kernels of earlier "
+             "steps); memory follows the host"),
     # One step of bad: its optimizer region (a kernel per parameter per operation) takes most
     # of the step on the GPU; fixed's fused optimizer is a sliver, and its next step starts.
     "unfused_optimizer": Zoom(HOST, ("forward", "backward", "optimizer", GPU_OPTIMIZER_ROW,
@@ -199,109 +246,171 @@ ZOOMS = {
                             what="one batch of bad"),
 }
 
-
-# --- Headlines: what each panel's title says, every number from the trace or the summary. ------
-
-def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f} %"
-
-
-def gpu_idle_pct(result: dict) -> float:
-    return 100.0 - result["gpu"]["utilization_pct"]
-
-
-def step_ms(result: dict) -> float:
-    return result["step_ms"]["mean"]
-
-
-def headline_dataloader_workers(variant: str, result: dict, summary: dict) -> str:
-    workers = (summary.get("config") or {}).get("num_workers")
-    idle = result["gpu"]["idle_by_cause_pct"]["dataloader"]
-    if idle >= 1:
-        return (f"{variant} (num_workers={workers}): GPU idle {pct(gpu_idle_pct(result))} of the "
-                f"steps, {pct(idle)} waiting for the DataLoader")
-    return (f"{variant} (num_workers={workers}): GPU busy "
-            f"{pct(result['gpu']['utilization_pct'])} of the steps, "
-            f"{idle:.1f} % waiting for the DataLoader")
+# The pairs whose picture comes from a CPU run until the GPU reference has them: what a CPU
+# shows of the lesson (the host's side of it: no kernels, no waits).
+CPU_ZOOMS = {
+    # One request of bad (at --smoke sizes: its prompt's pass, then 8 tokens): each token runs
+    # every block's operators one by one, the KV cache's aten::cat among them; fixed's token is
+    # one call of the compiled graph (its "Torch-Compiled Region"), and more than a request of
+    # fixed fits in the same time.
+    "llm_decode": Zoom(HOST, ("region:decode", OPERATORS_ROW, "op:aten::cat",
+                              "op:Torch-Compiled Region"), steps=1,
+                       what="one request of bad (its prompt, then a token at a time)",
+                       labels=(("op:aten::cat", "aten::cat\n(the KV cache)"),
+                               ("op:Torch-Compiled Region", "compiled region\n(a token a call)"))),
+    # One batch of bad: the tokenize region holds the host with no operator running (Python
+    # turning text into ids), then the model's operators; fixed tokenizes in Rust threads, a
+    # short stretch before its forward.
+    "tokenizer_bound": Zoom(HOST, ("region:tokenize", "forward", OPERATORS_ROW), steps=1,
+                            what="one batch of bad"),
+    # One step of bad: in its forward the Python loop of per_sample_weights runs between
+    # operators (gaps in the operators row); fixed's operators run end to end.
+    "host_roundtrip": Zoom(HOST, ("forward", OPERATORS_ROW, "backward", "optimizer"), steps=1,
+                           what="one step of bad"),
+}
 
 
-def headline_small_batch(variant: str, result: dict, summary: dict) -> str:
-    return (f"{variant} (batch {summary['batch_size']}): GPU busy "
-            f"{pct(result['gpu']['utilization_pct'])} of the steps, median kernel "
-            f"{result['gpu']['median_kernel_us']:.0f} µs, {summary['samples_per_s']:,.0f} "
-            f"samples/s")
+# --- Headlines: what each panel's title says, every number as compare or analyze prints it. ---
+
+@dataclass
+class Run:
+    """One variant's run as its headline reads it."""
+    variant: str
+    summary: dict
+    result: dict  # analyze's JSON result
+    analysis: analyze.Analysis
+    cells: dict[str, str]  # compare's table, this variant's column: row label -> the text printed
+
+    def cell(self, label: str) -> str:
+        """Compare's cell for this variant in row `label`, as compare prints it ("n/a": none)."""
+        return self.cells.get(label, "n/a")
+
+    @property
+    def config(self) -> dict:
+        return self.summary.get("config") or {}
 
 
-def headline_mixed_precision(variant: str, result: dict, summary: dict) -> str:
-    return (f"{variant} ({compare.precision(summary, result)}): {step_ms(result):,.0f} ms per "
-            f"step on the GPU, "
-            f"{pct(result['gpu']['tensor_core_pct'])} of kernel time on tensor cores")
+def as_printed(value: float | None, spec: str) -> str:
+    """A number as the analyzer's human output prints it (analyze.format_human's spec)."""
+    return "n/a" if value is None else f"{value:{spec}}"
 
 
-def headline_memory(variant: str, result: dict, summary: dict) -> str:
-    return (f"{variant}: peak {result['peak_memory_mb']:,.0f} MB allocated, "
-            f"{step_ms(result):,.0f} ms per step")
+def idle_row(cause: str) -> str:
+    """Compare's row of one GPU idle cause, named as the analyzer's "GPU idle" line names it."""
+    return f"GPU idle: {analyze.IDLE_CAUSE_LABELS[cause]} %"
 
 
-def headline_launch_overhead(variant: str, result: dict, summary: dict) -> str:
-    compiled = (summary.get("config") or {}).get("torch_compile")
+def gpu_idle(run: Run, *causes: str) -> str:
+    """"GPU idle 93.3 % of the steps: DataLoader 92.9": the window's idle (100 - utilization) and
+    the causes named, in the words and digits of the analyzer's "GPU idle" line."""
+    parts = ", ".join(f"{analyze.IDLE_CAUSE_LABELS[cause]} {run.cell(idle_row(cause))}"
+                      for cause in causes)
+    return f"GPU idle {run.cell('GPU idle %')} % of the steps" + (f": {parts}" if parts else "")
+
+
+def headline_dataloader_workers(run: Run) -> str:
+    return f"{run.variant} (num_workers={run.config.get('num_workers')}): " + gpu_idle(
+        run, "dataloader")
+
+
+def headline_small_batch(run: Run) -> str:
+    return (f"{run.variant} (batch {run.summary['batch_size']}): GPU utilization "
+            f"{run.cell('GPU utilization %')} % of the steps, median kernel "
+            f"{run.cell('median kernel us')} µs, {run.cell('samples/s')} samples/s")
+
+
+def headline_mixed_precision(run: Run) -> str:
+    return (f"{run.variant} ({compare.precision(run.summary, run.result)}): step p50 "
+            f"{run.cell('step p50 ms')} ms, tensor cores "
+            f"{run.cell('tensor cores % of kernel time')} % of kernel time")
+
+
+def headline_memory(run: Run) -> str:
+    # The trace's peak (what the memory panel draws), as the analyzer prints it; the summary's
+    # (torch.cuda.max_memory_allocated over every step) is compare's "peak memory MB".
+    return (f"{run.variant}: peak memory {as_printed(run.result['peak_memory_mb'], '.0f')} MB in "
+            f"the trace, step p50 {run.cell('step p50 ms')} ms")
+
+
+def headline_launch_overhead(run: Run) -> str:
+    compiled = run.config.get("torch_compile")
     how = f"torch.compile({compiled})" if compiled else "eager"
-    return (f"{variant} ({how}): {result['gpu']['launches_per_step']:,.0f} launch calls and "
-            f"{step_ms(result):.1f} ms per step, GPU busy "
-            f"{pct(result['gpu']['utilization_pct'])}")
+    return (f"{run.variant} ({how}): {run.cell('launches/step')} launches/step, step p50 "
+            f"{run.cell('step p50 ms')} ms, GPU utilization {run.cell('GPU utilization %')} %")
 
 
-def headline_item_sync(variant: str, result: dict, summary: dict) -> str:
-    gpu = result["gpu"]
-    return (f"{variant}: {gpu['syncs_per_step']:.1f} host syncs per step; the GPU idles "
-            f"{gpu['idle_by_cause_pct']['host_sync']:.1f} % of the steps in gaps a sync "
-            f"returns in")
+def headline_item_sync(run: Run) -> str:
+    return (f"{run.variant}: {run.cell('syncs/step')} syncs/step (of {run.result['steps']} "
+            f"recorded steps); " + gpu_idle(run, "host_sync", "launch"))
 
 
-def headline_unfused_optimizer(variant: str, result: dict, summary: dict) -> str:
-    optimizer = result["optimizer"]
-    return (f"{variant} ({(summary.get('config') or {}).get('optimizer')}): optimizer.step "
-            f"{optimizer['ms_per_step']:.1f} ms per step ({pct(optimizer['pct'])} of the "
-            f"steps), {optimizer['ops_per_step']:,.0f} operators per step")
+def headline_unfused_optimizer(run: Run) -> str:
+    optimizer = run.result["optimizer"] or {}
+    return (f"{run.variant} ({run.config.get('optimizer')}): optimizer GPU "
+            f"{run.cell('optimizer GPU ms/step')} ms/step, CPU "
+            f"{run.cell('optimizer CPU ms/step')} ms/step, "
+            f"{as_printed(optimizer.get('ops_per_step'), '.0f')} operators per step")
 
 
-def headline_padding_waste(variant: str, result: dict, summary: dict) -> str:
-    return (f"{variant} ({summary['batch_size']} sequences a step): "
-            f"{summary['padding_pct']:.0f} % of the tokens computed are padding; "
-            f"{step_ms(result):.0f} ms per step, GPU busy "
-            f"{pct(result['gpu']['utilization_pct'])}, {summary['tokens_per_s']:,.0f} real "
-            f"tokens/s")
+def headline_padding_waste(run: Run) -> str:
+    return (f"{run.variant} ({run.summary['batch_size']} sequences a step): padding "
+            f"{run.cell('padding %')} % of the tokens, {run.cell('real tokens/s')} real "
+            f"tokens/s, GPU utilization {run.cell('GPU utilization %')} %")
 
 
-def headline_ddp_no_sync(variant: str, result: dict, summary: dict) -> str:
-    dist = result["distributed"]
-    return (f"{variant} (rank {dist['rank']} of {dist['world_size']}, {dist['backend']}): "
-            f"{dist['collectives_per_step']:.0f} collective calls per step, "
-            f"{dist['collective_ms_per_step']:,.0f} ms of the {step_ms(result):,.0f} ms step "
-            f"in them")
+def headline_ddp_no_sync(run: Run) -> str:
+    dist = run.result["distributed"]
+    return (f"{run.variant} (rank {dist['rank']} of {dist['world_size']}, {dist['backend']}): "
+            f"{as_printed(dist['collectives_per_step'], '.1f')} collectives/step, "
+            f"{as_printed(dist['collective_ms_per_step'], '.1f')} ms/step in them, step p50 "
+            f"{run.cell('step p50 ms')} ms")
 
 
-def headline_host_roundtrip(variant: str, result: dict, summary: dict) -> str:
-    gpu = result["gpu"]
-    return (f"{variant}: {gpu['syncs_per_step']:.0f} host syncs and "
-            f"{gpu['round_trips_per_step']:.0f} round trips per step; the GPU idles "
-            f"{gpu['sync_idle_pct']:.1f} % of the steps in gaps a sync returns in")
+def headline_host_roundtrip(run: Run) -> str:
+    if not run.result["gpu"]:  # a CPU run: the Python between the operators is what costs
+        breakdown = run.result["step_breakdown_ms"]
+        return (f"{run.variant}: {run.cell('samples/s')} samples/s, step p50 "
+                f"{run.cell('step p50 ms')} ms; breakdown ms/step: cpu_exec "
+                f"{as_printed(breakdown['cpu_exec'], '.1f')} (in operators), other "
+                f"{as_printed(breakdown['other'], '.1f')} (no operator running)")
+    return (f"{run.variant}: {run.cell('syncs/step')} syncs/step, "
+            f"{as_printed(run.result['gpu']['round_trips_per_step'], '.1f')} round trips/step; "
+            + gpu_idle(run, "host_sync"))
 
 
-def headline_llm_decode(variant: str, result: dict, summary: dict) -> str:
-    gpu, tokens = result["gpu"], summary["config"]["new_tokens"]
-    graphs = gpu.get("graph_launches_per_step", 0.0)
-    return (f"{variant}: {summary['tokens_per_s']:,.0f} generated tokens/s; a token is "
-            f"{gpu['kernels_per_step'] / tokens:.0f} kernels from "
-            f"{gpu['launches_per_step'] / tokens:.1f} launch calls"
-            + (f" ({graphs / tokens:.1f} of them CUDA graph launches)" if graphs else ""))
+def operator_calls(run: Run, prefix: str) -> float:
+    """Calls per step of the operators whose name starts with `prefix`, as compare's "what
+    changed" counts them (trace_steps.time_by_name)."""
+    analysis = run.analysis
+    times = trace_steps.time_by_name(analysis.columns, analysis.window, analysis.steps.size,
+                                     host_window=analysis.host_window)
+    return sum(calls for name, (_, calls) in times.operators.items() if name.startswith(prefix))
 
 
-def headline_tokenizer_bound(variant: str, result: dict, summary: dict) -> str:
-    region = (result.get("host_regions") or {}).get("tokenize") or {}
-    return (f"{variant}: tokenizing {region.get('ms_per_step', 0.0):,.1f} ms of a "
-            f"{step_ms(result):,.1f} ms batch; the GPU idles {region.get('gpu_idle_pct') or 0:.0f} "
-            f"% of the steps while it runs")
+def headline_llm_decode(run: Run) -> str:
+    tokens = run.config.get("new_tokens")
+    compiled = run.config.get("torch_compile")
+    how = f"torch.compile({compiled})" if compiled else "eager"
+    if not run.result["gpu"]:  # a CPU run: the operators a token runs, the cache's among them
+        return (f"{run.variant} ({how}): {run.cell(compare.GENERATED_TOKENS_LABEL)} generated "
+                f"tokens/s; a request ({tokens} new tokens) calls aten::cat "
+                f"{as_printed(operator_calls(run, 'aten::cat'), '.1f')} times")
+    return (f"{run.variant} ({how}): {run.cell(compare.GENERATED_TOKENS_LABEL)} generated "
+            f"tokens/s, {run.cell('launches/step')} launches/step for {tokens} tokens, "
+            f"GPU utilization {run.cell('GPU utilization %')} %")
+
+
+def headline_tokenizer_bound(run: Run) -> str:
+    region = (run.result.get("host_regions") or {}).get("tokenize")
+    speed = f"{run.cell('requests/s')} requests/s"
+    if region is None:  # operators open through most of it: the analyzer reports no region
+        return (f"{run.variant}: {speed}; tokenize runs beside the model's operators (no host "
+                f"region to the analyzer)")
+    idle = ("" if region["gpu_idle_pct"] is None
+            else f", GPU idle {as_printed(region['gpu_idle_pct'], '.1f')} % in it")
+    return (f"{run.variant}: {speed}; tokenize holds the host "
+            f"{as_printed(region['pct'], '.1f')} % of the steps "
+            f"({as_printed(region['ms_per_step'], '.2f')} ms/step) outside any operator{idle}")
 
 
 HEADLINES = {"dataloader_workers": headline_dataloader_workers,
@@ -319,6 +428,32 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "ddp_no_sync": headline_ddp_no_sync}
 
 
+def profiled_vs_timed(run: Run) -> float | None:
+    """The profiled steps' p50 ÷ the timed steps' p50 (summary.json, as compare reads it)."""
+    return compare.profiler_overhead_ratio(run.summary)
+
+
+def timing_note(run: Run) -> str:
+    """Where the steps drawn (profiled) took more than PROFILED_VS_TIMED_MAX times the timed
+    step p50, or less than its inverse: a line that says so, with compare's numbers; else "".
+    Not why: the profiler's cost per operator on a host-bound run, steps of varying length on
+    another (padding_waste/fixed's buckets)."""
+    ratio = profiled_vs_timed(run)
+    if ratio is None or 1 / PROFILED_VS_TIMED_MAX <= ratio <= PROFILED_VS_TIMED_MAX:
+        return ""
+    return (f"the profiled steps drawn took {run.cell('profiled/timed step')}x the timed step "
+            f"p50 of {run.cell('step p50 ms')} ms")
+
+
+def device_line(summary: dict) -> str:
+    """Which machine ran the pair, from its summary: the GPU's name, or "CPU run" and the CPU's."""
+    torch_version = summary.get("torch_version")
+    if summary.get("device") == "cpu":
+        return (f"CPU run, {summary.get('device_name')}, torch {torch_version} "
+                f"({CPU_RUN_NOTE})")
+    return f"{summary.get('device_name')}, torch {torch_version}"
+
+
 # --- The data a figure draws. ------------------------------------------------------------------
 
 class FigureError(ValueError):
@@ -330,12 +465,20 @@ class Panel:
     """One variant's part of the figure, in ms since its anchor."""
     variant: str
     headline: str
+    note: str  # the profiled-vs-timed line under the headline ("" where they agree)
+    run: Run
     origin_us: float  # the anchor, in the trace's µs
     end_ms: float  # the end of the variant's profiled steps (the later of host and GPU)
     step_edges_ms: np.ndarray  # step boundaries: the host's with zoom.until HOST, else the GPU's
     rows: dict[str, np.ndarray]  # row key -> busy share of each column (0..1), top row first
-    gpu_busy_pct: float  # kernels' share of the window's part before end_ms
+    gpu_busy_pct: float  # kernels' share of the window's part before end_ms (not drawn)
     sync_gaps_ms: Spans  # GPU idle gaps starting in that part that a host sync returns in
+    syncs_ms: Spans = field(default_factory=Spans.empty)  # the host syncs in that part
+    # The GPU row's part that is kernels with no launch call in the trace (launched before the
+    # recording), per column (empty: no GPU row); and where the trace's first kernel is one of
+    # them, its start (ms): before it the GPU ran work the trace does not hold (None: no such).
+    earlier_kernels: np.ndarray = field(default_factory=lambda: np.empty(0))
+    unrecorded_until_ms: float | None = None
 
     @property
     def sync_gaps(self) -> int:
@@ -343,24 +486,25 @@ class Panel:
     memory_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
     memory_mb: np.ndarray = field(default_factory=lambda: np.empty(0))
 
+    @property
+    def title(self) -> str:
+        return self.headline + (f"\n{self.note}" if self.note else "")
+
 
 @dataclass
 class FigureData:
     demo: str
     zoom: Zoom
+    reference: Path  # the folder the runs came from (traces/reference/<machine>)
+    device: str  # device_line of the runs
     window_ms: tuple[float, float]
     edges_ms: np.ndarray  # COLUMNS + 1 column edges across the window
     panels: dict[str, Panel]  # bad, fixed
 
-
-def trace_of(run_dir: Path) -> Path:
-    """The run's trace: the one its summary.json names (rank 0's, where the folder holds one
-    trace per rank), else its newest."""
-    summary = json.loads((run_dir / trace.SUMMARY_FILE).read_text())
-    named = summary.get("trace_file")
-    if named and (run_dir / named).is_file():
-        return run_dir / named
-    return trace.newest_trace(run_dir)
+    @property
+    def title(self) -> str:
+        return "\n".join([f"{self.demo}: bad above fixed, {self.zoom.what}", self.device,
+                          *textwrap.wrap(self.zoom.note, NOTE_WIDTH)])
 
 
 def origin_of(analysis: analyze.Analysis, anchor: str) -> float:
@@ -380,6 +524,13 @@ def step_end_ms(analysis: analyze.Analysis, zoom: Zoom) -> float:
     return (end - origin_of(analysis, zoom.anchor)) / trace_steps.US_PER_MS
 
 
+def named_operators(columns, prefix: str) -> np.ndarray:
+    """Which of the trace's operators (cpu_ops) have a name that starts with `prefix`."""
+    names = columns.cpu_op_names
+    distinct = {name: name.startswith(prefix) for name in set(names.tolist())}
+    return np.fromiter((distinct[name] for name in names.tolist()), bool, names.size)
+
+
 def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
     """What row `key` draws. The GPU rows hold every kernel in the trace, not only the profiled
     steps': where the GPU runs behind the host, the kernels of earlier steps that run in the
@@ -394,6 +545,12 @@ def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
         return analysis.kernel_busy
     if key == GPU_OPTIMIZER_ROW:
         return columns.gpu_optimizer
+    if key == OPERATORS_ROW:  # operators, not the regions an older trace writes as operators
+        keep = ~columns.cpu_op_is_region if columns.cpu_op_is_region.size else slice(None)
+        return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
+    if key.startswith(OPERATOR_ROW_PREFIX):
+        keep = named_operators(columns, key.removeprefix(OPERATOR_ROW_PREFIX))
+        return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
     if key.startswith(REGION_ROW_PREFIX):
         named = columns.annotation_names == key.removeprefix(REGION_ROW_PREFIX)
         return Spans(columns.annotations.start[named], columns.annotations.end[named])
@@ -406,12 +563,13 @@ def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
     return analysis.regions.get(key, Spans.empty())
 
 
-def host_sync_ends(analysis: analyze.Analysis) -> np.ndarray:
-    """When each host sync returned (µs): the analyzer's own list (syncs.host_syncs)."""
+def host_syncs_of(analysis: analyze.Analysis) -> Spans:
+    """The host syncs, sorted by start (µs): the analyzer's own list (syncs.host_syncs)."""
     columns = analysis.columns
     host = trace_steps.host_steps(columns)
     found = syncs.host_syncs(columns, host, trace_steps.runtime_step_index(columns, host))
-    return np.sort(found.end)
+    order = np.argsort(found.start, kind="stable")
+    return Spans(np.asarray(found.start)[order], np.asarray(found.end)[order])
 
 
 def sync_gaps(analysis: analyze.Analysis, low_us: float, high_us: float) -> Spans:
@@ -422,7 +580,7 @@ def sync_gaps(analysis: analyze.Analysis, low_us: float, high_us: float) -> Span
     busy = intervals.merge(intervals.concat(columns.kernels, columns.memcpy, columns.memset))
     if not busy.size:
         return Spans.empty()
-    gap = syncs.gap_of(host_sync_ends(analysis), busy)
+    gap = syncs.gap_of(np.sort(host_syncs_of(analysis).end), busy)
     # Gap k runs from busy interval k-1's end to busy interval k's start; gap 0 opens the trace
     # and the one after the last interval closes it: neither lies between GPU work.
     synced = np.unique(gap[(gap > 0) & (gap < busy.size)])
@@ -431,8 +589,12 @@ def sync_gaps(analysis: analyze.Analysis, low_us: float, high_us: float) -> Span
     return Spans(start[inside], end[inside])
 
 
-def panel_of(demo: str, zoom: Zoom, variant: str, analysis: analyze.Analysis, summary: dict,
-             edges_ms: np.ndarray) -> Panel:
+def to_ms(spans: Spans, origin_us: float) -> Spans:
+    return Spans(*((side - origin_us) / trace_steps.US_PER_MS for side in (spans.start, spans.end)))
+
+
+def panel_of(demo: str, zoom: Zoom, run: Run, edges_ms: np.ndarray) -> Panel:
+    analysis = run.analysis
     origin = origin_of(analysis, zoom.anchor)
     edges_us = origin + edges_ms * trace_steps.US_PER_MS
     extent_end = max(analysis.host_window[1], analysis.window[1])
@@ -449,47 +611,141 @@ def panel_of(demo: str, zoom: Zoom, variant: str, analysis: analyze.Analysis, su
     high_us = min(edges_us[-1], extent_end)
     covered = high_us - low_us
     busy = intervals.union_in(analysis.kernel_busy, low_us, high_us)
-    gaps = sync_gaps(analysis, low_us, high_us)
+    has_gpu = bool(analysis.result["gpu"])
+    gaps = sync_gaps(analysis, low_us, high_us) if has_gpu else Spans.empty()
+    waits = host_syncs_of(analysis) if has_gpu else Spans.empty()
+    in_window = (waits.end > low_us) & (waits.start < high_us)
     steps = analysis.steps  # as the GPU ran them (extended steps)
     if zoom.until == HOST and analysis.columns.steps.size:
         steps = analysis.columns.steps  # ProfilerStep#N on the host
-    memory_ms = (analysis.memory_ts - origin) / trace_steps.US_PER_MS if zoom.memory else np.empty(0)
-    return Panel(variant=variant, headline=HEADLINES[demo](variant, analysis.result, summary),
-                 origin_us=origin, end_ms=end_ms,
-                 step_edges_ms=(np.r_[steps.start, steps.end[-1:]] - origin) / trace_steps.US_PER_MS,
+    step_edges_ms = (np.r_[steps.start, steps.end[-1:]] - origin) / trace_steps.US_PER_MS
+    memory_ms = ((analysis.memory_ts - origin) / trace_steps.US_PER_MS if zoom.memory
+                 else np.empty(0))
+    earlier, unrecorded_until_ms = np.empty(0), None
+    kernels = analysis.columns.kernels
+    if GPU_ROW in rows and kernels.size:
+        launched = trace_steps.launching_call(analysis.columns,
+                                              analysis.columns.kernel_correlation) >= 0
+        earlier = report.busy_share(Spans(kernels.start[~launched], kernels.end[~launched]),
+                                    edges_us)
+        if earlier.sum() < EARLIER_KERNELS_SHOWN_MIN:  # too little to see: not drawn, not named
+            earlier = np.zeros_like(earlier)
+        first = int(np.argmin(kernels.start))
+        if not launched[first]:
+            unrecorded_until_ms = (kernels.start[first] - origin) / trace_steps.US_PER_MS
+    return Panel(variant=run.variant, headline=HEADLINES[demo](run), note=timing_note(run),
+                 run=run, origin_us=origin, end_ms=end_ms,
+                 step_edges_ms=step_edges_ms,
                  rows=rows, gpu_busy_pct=100.0 * busy / covered if covered > 0 else 0.0,
-                 sync_gaps_ms=Spans(*((side - origin) / trace_steps.US_PER_MS for side in
-                                      (gaps.start, gaps.end))),
+                 sync_gaps_ms=to_ms(gaps, origin),
+                 syncs_ms=to_ms(Spans(waits.start[in_window], waits.end[in_window]), origin),
+                 earlier_kernels=earlier, unrecorded_until_ms=unrecorded_until_ms,
                  memory_ms=memory_ms,
                  memory_mb=analysis.memory_mb if zoom.memory else np.empty(0))
 
 
-def figure_data(demo: str, reference: Path = DEFAULT_REFERENCE) -> FigureData:
-    """What the demo's figure draws: its window and, per variant, each row's busy share per
-    column, the GPU's busy share and the sync gaps in the window, and the memory curve."""
-    if demo not in ZOOMS:
-        raise FigureError(f"unknown demo {demo!r}; choose from: {', '.join(DEMOS)}")
-    zoom = ZOOMS[demo]
-    analyses, summaries = {}, {}
+def in_reference(demo: str, reference: Path) -> bool:
+    return all((reference / demo / variant / trace.SUMMARY_FILE).is_file() for variant in VARIANTS)
+
+
+def reference_of(demo: str, references: tuple[Path, ...] = DEFAULT_REFERENCES) -> Path | None:
+    """The first of `references` that holds both of demo's runs; None where none does."""
+    return next((folder for folder in references if in_reference(demo, folder)), None)
+
+
+def zoom_of(demo: str, summaries: dict[str, dict]) -> Zoom:
+    """The pair's zoom: its CPU zoom where its runs are CPU runs, else its GPU one."""
+    if all(summary.get("device") == "cpu" for summary in summaries.values()):
+        if demo not in CPU_ZOOMS:
+            raise FigureError(f"{demo}: a CPU run, and no CPU picture is defined for it (its "
+                              f"picture comes from a GPU run)")
+        return CPU_ZOOMS[demo]
+    return ZOOMS[demo]
+
+
+def read_runs(demo: str, reference: Path) -> dict[str, Run]:
+    """Both variants' summaries and analyses, and compare's table of them, as Runs."""
+    runs = {}
     for variant in VARIANTS:
         run_dir = Path(reference) / demo / variant
         if not (run_dir / trace.SUMMARY_FILE).is_file():
             raise FigureError(f"{run_dir}: no {trace.SUMMARY_FILE} (not a reference run)")
-        summaries[variant] = json.loads((run_dir / trace.SUMMARY_FILE).read_text())
-        try:
-            analyses[variant] = analyze.analyze(trace_of(run_dir))
-        except trace.TraceError as error:
+        summary = json.loads((run_dir / trace.SUMMARY_FILE).read_text())
+        try:  # the trace its summary names (rank 0's, where the folder holds one per rank)
+            runs[variant] = compare.analyze_run(run_dir, summary)
+        except compare.CompareError as error:
             raise FigureError(f"{run_dir}: {error}") from None
+    # Compare's table, as it prints it: the cells the headlines quote.
+    table = compare.table_rows({"variants": VARIANTS, **runs})
+    return {variant: Run(variant=variant, summary=runs[variant]["summary"],
+                         result=runs[variant]["analysis"], analysis=runs[variant]["detail"],
+                         cells={row[0]: row[1 + index] for row in table})
+            for index, variant in enumerate(VARIANTS)}
+
+
+def figure_data(demo: str, reference: Path | None = None) -> FigureData:
+    """What the demo's figure draws: its window and, per variant, each row's busy share per
+    column, the GPU's busy share and the sync gaps in the window, and the memory curve. From
+    `reference`, or the first of DEFAULT_REFERENCES that has the pair."""
+    if demo not in ZOOMS:
+        raise FigureError(f"unknown demo {demo!r}; choose from: {', '.join(DEMOS)}")
+    folder = Path(reference) if reference is not None else reference_of(demo)
+    if folder is None:
+        raise FigureError(f"{demo}: no run of it under "
+                          f"{' or '.join(str(f) for f in DEFAULT_REFERENCES)}")
+    runs = read_runs(demo, folder)
+    zoom = zoom_of(demo, {v: run.summary for v, run in runs.items()})
     if zoom.width_ms is None:
-        window = (0.0, step_end_ms(analyses[zoom.of], zoom))
+        window = (0.0, step_end_ms(runs[zoom.of].analysis, zoom))
     else:
         window = (zoom.start_ms, zoom.start_ms + zoom.width_ms)
     edges_ms = np.linspace(*window, COLUMNS + 1)
-    panels = {v: panel_of(demo, zoom, v, analyses[v], summaries[v], edges_ms) for v in VARIANTS}
-    return FigureData(demo=demo, zoom=zoom, window_ms=window, edges_ms=edges_ms, panels=panels)
+    panels = {v: panel_of(demo, zoom, runs[v], edges_ms) for v in VARIANTS}
+    return FigureData(demo=demo, zoom=zoom, reference=folder,
+                      device=device_line(runs["bad"].summary), window_ms=window,
+                      edges_ms=edges_ms, panels=panels)
 
 
 # --- Drawing. ------------------------------------------------------------------------------------
+
+def row_color(key: str) -> str:
+    if key in ROW_COLORS:
+        return ROW_COLORS[key]
+    if key.startswith(REGION_ROW_PREFIX):
+        return report.HOST_REGION_COLORS[0]
+    if key.startswith(OPERATOR_ROW_PREFIX):
+        return NAMED_OPERATOR_COLOR
+    return GPU_COLOR
+
+
+def row_label(zoom: Zoom, key: str) -> str:
+    return dict(zoom.labels).get(key) or ROW_LABELS.get(
+        key, key.removeprefix(REGION_ROW_PREFIX).removeprefix(OPERATOR_ROW_PREFIX))
+
+
+def point_at_waits(ax, data: FigureData, panel: Panel, keys: list[str]) -> None:
+    """Words and an arrow at the first host wait and at the first GPU gap after a wait that lie
+    inside the window: what the two rows' slivers are, named where they are."""
+    low, high = data.window_ms
+    width = high - low
+    text_style = dict(fontsize=8, va="center", ha="left",
+                      bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="#9e9e9e", lw=0.6),
+                      arrowprops=dict(arrowstyle="->", color="#424242", lw=0.8))
+    waits = panel.syncs_ms
+    inside = np.flatnonzero((waits.start >= low) & (waits.end <= high))
+    if inside.size:
+        y = keys.index(SYNC_ROW)
+        end = float(waits.end[inside[0]])
+        ax.annotate("the host waits for the GPU", xy=(end, y), xytext=(end + 0.06 * width, y),
+                    **text_style)
+    gaps = panel.sync_gaps_ms
+    inside = np.flatnonzero((gaps.start >= low) & (gaps.end <= high))
+    if inside.size:
+        y = keys.index(GPU_ROW)
+        end = float(gaps.end[inside[0]])
+        ax.annotate("then the GPU idles, until the host launches again", xy=(end, y - 0.2),
+                    xytext=(end + 0.3 * width, y - 0.55), **text_style)
+
 
 def draw_panel(ax, data: FigureData, panel: Panel) -> None:
     low, high = data.window_ms
@@ -498,31 +754,44 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
         share = panel.rows[key]
         # Rows grow up from their baseline (y + 0.4: the y axis runs top down).
         ax.fill_between(data.edges_ms, y + 0.4, y + 0.4 - ROW_FILL * np.r_[share, share[-1]],
-                        step="post", lw=0, color=ROW_COLORS.get(
-                            key, report.HOST_REGION_COLORS[0] if key.startswith(REGION_ROW_PREFIX)
-                            else GPU_COLOR))
+                        step="post", lw=0, color=row_color(key))
+        if key == GPU_ROW and panel.earlier_kernels.any():  # over it, the earlier steps' part
+            earlier = panel.earlier_kernels
+            ax.fill_between(data.edges_ms, y + 0.4,
+                            y + 0.4 - ROW_FILL * np.r_[earlier, earlier[-1]], step="post",
+                            lw=0, color=EARLIER_KERNEL_COLOR)
+    if GPU_ROW in keys and panel.unrecorded_until_ms is not None and \
+            panel.unrecorded_until_ms > low + 0.02 * (high - low):
+        y, until = keys.index(GPU_ROW), min(panel.unrecorded_until_ms, high)
+        ax.fill_between([low, until], y + 0.4, y - 0.4, color=BEYOND_COLOR, lw=0, zorder=0)
+        ax.text((low + until) / 2, y, "not in the trace", ha="center", va="center",
+                fontsize=7, color="#757575")
     if GPU_ROW in keys and SYNC_ROW in keys:  # the gaps the syncs leave on the GPU, shaded
         y = keys.index(GPU_ROW)
         for start, end in zip(panel.sync_gaps_ms.start, panel.sync_gaps_ms.end):
             ax.fill_between([start, end], y + 0.4, y - 0.4, color=SYNC_GAP_COLOR, lw=0,
                             zorder=0)
+        if data.zoom.point_at_waits:
+            point_at_waits(ax, data, panel, keys)
     for edge in panel.step_edges_ms[(panel.step_edges_ms >= low) & (panel.step_edges_ms <= high)]:
         ax.axvline(edge, color="#616161", lw=0.8, ls="--", zorder=0)  # behind the rows
     if panel.end_ms < high:  # past the profiled steps: nothing recorded, not an idle GPU
         ax.axvspan(max(panel.end_ms, low), high, color=BEYOND_COLOR, zorder=0, lw=0)
+    if high - max(panel.end_ms, low) > BEYOND_TEXT_MIN * (high - low):  # room for the words
         ax.text((max(panel.end_ms, low) + high) / 2, (len(keys) - 1) / 2,
                 f"{panel.variant}'s profiled steps end here", ha="center", va="center",
                 fontsize=8, color="#757575")
-    labels = [ROW_LABELS.get(key, key.removeprefix(REGION_ROW_PREFIX)) for key in keys]
-    labels = [f"{label}\n(busy {panel.gpu_busy_pct:.0f} % here)" if key == GPU_ROW else label
-              for label, key in zip(labels, keys)]
-    if SYNC_ROW in keys:
-        labels[keys.index(GPU_ROW)] += f"\n{panel.sync_gaps} idle after a sync"
+    labels = [row_label(data.zoom, key) for key in keys]
+    if GPU_ROW in keys and panel.earlier_kernels.any():
+        labels[keys.index(GPU_ROW)] += "\n(pale: launched\nbefore the recording)"
     ax.set_yticks(range(len(keys)), labels, fontsize=8)
     ax.set_ylim(len(keys) - 0.4, -0.6)  # first row on top
     ax.set_xlim(low, high)
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(panel.headline, fontsize=9, loc="left")
+    ax.set_title(panel.headline, fontsize=9, loc="left", pad=16 if panel.note else 6)
+    if panel.note:  # under the headline, in grey: a qualification, not a second headline
+        ax.text(0, 1.02, panel.note, transform=ax.transAxes, fontsize=8, color=NOTE_COLOR,
+                ha="left", va="bottom")
 
 
 def draw_memory(ax, data: FigureData) -> None:
@@ -536,7 +805,8 @@ def draw_memory(ax, data: FigureData) -> None:
         ms, mb = panel.memory_ms[first:last], panel.memory_mb[first:last]
         ax.step(np.r_[max(ms[0], low), ms[1:], min(high, panel.end_ms)], np.r_[mb, mb[-1]],
                 where="post", lw=1.2, color=report.VARIANT_COLORS[panel.variant],
-                label=f"{panel.variant}: peak {report.format_mb(panel.memory_mb.max())}")
+                label=f"{panel.variant}: peak "
+                      f"{as_printed(panel.run.result['peak_memory_mb'], '.0f')} MB")
     ax.set_xlim(low, high)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("allocated MB", fontsize=8)
@@ -546,48 +816,40 @@ def draw_memory(ax, data: FigureData) -> None:
                  fontsize=9, loc="left")
 
 
-def fmt_ms(value: float) -> str:
-    """Three significant figures, never an exponent: "2,405 ms", "19.8 ms", "3.5 ms"."""
-    return f"{value:,.0f} ms" if abs(value) >= 100 else f"{value:.3g} ms"
-
-
-def column_text(data: FigureData) -> str:
-    column_us = (data.window_ms[1] - data.window_ms[0]) / COLUMNS * trace_steps.US_PER_MS
-    return (fmt_ms(column_us / trace_steps.US_PER_MS) if column_us >= trace_steps.US_PER_MS
-            else f"{column_us:.3g} µs")
-
-
 def axis_label(data: FigureData) -> str:
     since = ("its first profiled step began on the GPU" if data.zoom.anchor == GPU
              else "its first profiled step began")
-    lines = ("the host's step boundaries" if data.zoom.until == HOST
+    has_gpu = any(panel.run.result["gpu"] for panel in data.panels.values())
+    lines = ("the host's step boundaries" if data.zoom.until == HOST or not has_gpu
              else "step boundaries as the GPU ran them")
     return (f"ms since each variant's {since.removeprefix('its ')}, the same scale for both; "
             f"dashed: {lines}\n"
-            f"a row's height: the share of each {column_text(data)} column it is busy")
+            f"a row's height: the share of each column of the window (about a pixel wide) it "
+            f"is busy")
 
 
 def figure(data: FigureData):
-    heights = [PANEL_EXTRA_IN + ROW_HEIGHT_IN * max(len(p.rows), 1) for p in data.panels.values()]
+    heights = [PANEL_EXTRA_IN + ROW_HEIGHT_IN * max(len(p.rows), 1)
+               + (TITLE_LINE_IN if p.note else 0.0) for p in data.panels.values()]
     if data.zoom.memory:
         heights.append(MEMORY_PANEL_IN)
+    title_lines = data.title.count("\n") + 1
     fig, axes = plt.subplots(len(heights), 1, sharex=True, squeeze=False,
-                             figsize=(FIGURE_WIDTH_IN, sum(heights) + 0.6),
+                             figsize=(FIGURE_WIDTH_IN,
+                                      sum(heights) + 0.4 + TITLE_LINE_IN * title_lines),
                              gridspec_kw={"height_ratios": heights})
     for ax, panel in zip(axes[:, 0], data.panels.values()):
         draw_panel(ax, data, panel)
     if data.zoom.memory:
         draw_memory(axes[-1, 0], data)
     axes[-1, 0].set_xlabel(axis_label(data), fontsize=8)
-    width = data.window_ms[1] - data.window_ms[0]
-    fig.suptitle(f"{data.demo}: bad above fixed, {data.zoom.what} "
-                 f"({fmt_ms(width)} from {fmt_ms(data.window_ms[0])})", fontsize=10)
+    fig.suptitle(data.title, fontsize=10)
     return fig
 
 
-def write_figure(demo: str, reference: Path = DEFAULT_REFERENCE,
+def write_figure(demo: str, reference: Path | None = None,
                  out_root: Path = DEFAULT_OUT_ROOT) -> Path:
-    """Draw demo's figure from the reference run into out_root/<demo>/trace.png; return it."""
+    """Draw demo's figure from its reference run into out_root/<demo>/trace.png; return it."""
     data = figure_data(demo, reference)
     out = Path(out_root) / demo / FIGURE_NAME
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -598,37 +860,37 @@ def write_figure(demo: str, reference: Path = DEFAULT_REFERENCE,
     return out
 
 
-def in_reference(demo: str, reference: Path) -> bool:
-    return all((reference / demo / variant / trace.SUMMARY_FILE).is_file() for variant in VARIANTS)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(  # a bad flag, folder or demo: one line, exit code 2
         prog="walkthrough_figures.py", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit code 2: an unknown demo, or a reference folder without the pair's runs "
-               "(with no DEMO given, a pair the folder lacks is skipped, with a line).")
+               "(with no DEMO given, a pair no folder has is skipped, with a line).")
     parser.add_argument("demos", nargs="*", metavar="DEMO",
                         help=f"demos to draw (default: all {len(DEMOS)})")
-    parser.add_argument("--reference", type=Path, default=DEFAULT_REFERENCE, metavar="FOLDER",
-                        help="a reference run: FOLDER/<demo>/{bad,fixed} "
-                             "(default: traces/reference/h100)")
+    parser.add_argument("--reference", type=Path, default=None, metavar="FOLDER",
+                        help="a reference run: FOLDER/<demo>/{bad,fixed} (default: "
+                             "traces/reference/h100, else traces/reference/cpu for a pair the "
+                             "H100 run lacks)")
     parser.add_argument("--out-root", type=Path, default=DEFAULT_OUT_ROOT, metavar="DIR",
                         help="write DIR/<demo>/trace.png (default: demos)")
     flags = parser.parse_args(argv)
     unknown = [demo for demo in flags.demos if demo not in ZOOMS]
     if unknown:
         parser.error(f"unknown demo {unknown[0]!r}; choose from: {', '.join(DEMOS)}")
-    if not flags.reference.is_dir():
+    if flags.reference is not None and not flags.reference.is_dir():
         parser.error(f"{flags.reference}: no such directory")
+    references = (flags.reference,) if flags.reference is not None else DEFAULT_REFERENCES
     try:
         for demo in flags.demos or DEMOS:
-            if not flags.demos and not in_reference(demo, flags.reference):
-                print(f"skipped {demo}: no run of it under {flags.reference} (its picture waits "
-                      f"for a reference run that has it)")
+            folder = reference_of(demo, references)
+            if folder is None and not flags.demos:
+                print(f"skipped {demo}: no run of it under "
+                      f"{' or '.join(str(f) for f in references)} (its picture waits for a "
+                      f"reference run that has it)")
                 continue
-            out = write_figure(demo, flags.reference, flags.out_root)
-            print(f"wrote {out} ({out.stat().st_size // 1024} KB)")
+            out = write_figure(demo, folder or references[0], flags.out_root)
+            print(f"wrote {out} from {folder} ({out.stat().st_size // 1024} KB)")
     except FigureError as error:
         parser.error(str(error))
     return 0

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +24,17 @@ REFERENCE = ROOT / "traces" / "reference"
 REFERENCE_MAX_MB = 40  # MB (10^6 bytes) in traces/reference/<gpu>/; the reference-run issue's cap
 
 
-GPUS = (sorted(d.name for d in REFERENCE.iterdir() if compare.finished_pairs(d))
-        if REFERENCE.is_dir() else [])
+
+
+def gpu_runs(folder: Path) -> bool:
+    """A folder of finished pairs run on a GPU (traces/reference/cpu holds CPU runs drawn for the
+    walkthroughs of pairs no GPU has run yet: no GPU targets, no report, no tables)."""
+    pairs = compare.finished_pairs(folder)
+    return bool(pairs) and json.loads((folder / pairs[0] / "bad" / "summary.json").read_text())[
+        "device"] == "cuda"
+
+
+GPUS = sorted(d.name for d in REFERENCE.iterdir() if gpu_runs(d)) if REFERENCE.is_dir() else []
 PAIRS = [(gpu, demo) for gpu in GPUS for demo in compare.finished_pairs(REFERENCE / gpu)]
 if not PAIRS:
     pytest.skip(f"no reference runs under {REFERENCE} (<gpu>/<demo>/bad and fixed with "
@@ -303,15 +313,19 @@ def test_a_readme_without_the_block_gets_it(tables_copy):
     root, folder, gpu = tables_copy
     demo_readme = root / "demos" / TABLE_PAIRS[0] / "README.md"
     committed = demo_readme.read_text()
-    heading = committed.index("\n## Reference run (GPU)\n")
+    subsection = committed.index(f"\n### On the {gpu.upper()}\n")
     end = committed.index(BLOCK_END.format(gpu=gpu)) + len(BLOCK_END.format(gpu=gpu))
-    without = committed[:heading + 1] + committed[end:].lstrip("\n")
+    without = committed[:subsection + 1] + committed[end:].lstrip("\n")
     demo_readme.write_text(without)
     assert run_tables(root, str(folder)).returncode == 0
-    text = demo_readme.read_text()
-    assert text.startswith(without.rstrip())  # the rest kept as it was, the block appended
-    assert text.endswith(f"## Reference run (GPU)\n\n{block_of(committed, gpu)}"
-                         f"{BLOCK_END.format(gpu=gpu)}\n")
+    # The block is back as the first subsection of the numbers, the rest as it was.
+    assert demo_readme.read_text() == committed
+    # A walkthrough without a numbers section gets one at its end.
+    demo_readme.write_text(without[:without.index("\n## The numbers\n") + 1])
+    assert run_tables(root, str(folder)).returncode == 0
+    assert demo_readme.read_text().endswith(
+        f"\n## The numbers\n\n### On the {gpu.upper()}\n\n{block_of(committed, gpu)}"
+        f"{BLOCK_END.format(gpu=gpu)}\n")
 
 
 @pytest.mark.parametrize("problem", ["no such folder", "a folder with no runs",

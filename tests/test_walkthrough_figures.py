@@ -1,25 +1,36 @@
 """scripts/walkthrough_figures.py: the picture at the top of every walkthrough, drawn from the
-committed H100 reference traces. The numbers each figure draws are checked against what the
-walkthrough says the picture shows; the committed demos/*/trace.png and the READMEs' links to
-them are checked to be there."""
+committed reference runs (the H100's, else the CPU runs of the pairs it lacks). Every number in a
+panel's title is checked against what the analyzer prints for the run (its human output, or its
+JSON where the human output has no such line) or the summary as compare prints it, and no other
+number may appear; the profiled-vs-timed line is checked to appear exactly where the two differ
+by more than 1.2x; what each figure draws is checked against what its walkthrough says the
+picture shows; the committed demos/*/trace.png and the READMEs' links to them are checked to be
+there."""
 from __future__ import annotations
 
+import gzip
 import importlib.util
-import os
+import json
+import re
 import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from common import analyze
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
+CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
+CPU_PAIRS = ("llm_decode", "tokenizer_bound", "host_roundtrip")  # pictures from CPU runs so far
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MAX_PNG_BYTES = 120 * 1024  # the brief's cap: ten figures stay small in the repository
+MAX_PNG_BYTES = 120 * 1024  # the brief's cap: thirteen figures stay small in the repository
 README_HEAD_LINES = 15  # the picture comes right after the title and the symptom
 SCRIPT_TIMEOUT_S = 120  # each run answers in seconds; this only stops a hang
+PROFILED_VS_TIMED_MAX = 1.2  # the profiled steps "differ" from the timed p50 beyond this factor
 
 
 def load_script():
@@ -32,23 +43,24 @@ def load_script():
 
 
 figures = load_script()
-# The pairs the reference has: a pair added since the GPU run gets its picture with the next one.
-DRAWN = [demo for demo in figures.DEMOS if figures.in_reference(demo, REFERENCE)]
+# The pairs a reference has (the H100's, else a CPU run): a pair added since gets its picture
+# with its first reference run.
+DRAWN = [demo for demo in figures.DEMOS if figures.reference_of(demo) is not None]
 needs_reference = pytest.mark.skipif(
-    not {"item_sync", "dataloader_workers"} <= set(DRAWN),
-    reason=f"no reference run of item_sync and dataloader_workers under {REFERENCE}")
+    not {"item_sync", "dataloader_workers", "naive_attention"} <= set(DRAWN),
+    reason=f"no reference run of item_sync, dataloader_workers and naive_attention under "
+           f"{REFERENCE}")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=SCRIPT_TIMEOUT_S, env=env)
+                          cwd=ROOT, timeout=SCRIPT_TIMEOUT_S, env=env, check=False)
 
 
 @pytest.fixture(scope="module")
-def data():
-    """The drawn numbers of the two pairs the walkthroughs' claims are checked on."""
-    return {demo: figures.figure_data(demo, REFERENCE) for demo in ("item_sync",
-                                                                     "dataloader_workers")}
+def drawn():
+    """What every drawn figure draws (about a second for all of them: the traces are small)."""
+    return {demo: figures.figure_data(demo) for demo in DRAWN}
 
 
 def png_chunk_types(data: bytes) -> list[bytes]:
@@ -71,14 +83,16 @@ def test_regenerated_figures_are_small_pngs_and_identical_bytes(tmp_path):
     """Regenerating a figure writes the same bytes: two runs of the script, each in a fresh
     interpreter started with the same, explicitly given environment (its own matplotlib config
     folder, no MPLBACKEND), so no setting of this test process or of another test can differ
-    between them; only what the script itself does can."""
+    between them; only what the script itself does can. One H100 picture and one CPU picture."""
+    import os
     env = {name: value for name, value in os.environ.items() if name != "MPLBACKEND"}
     env["MPLCONFIGDIR"] = str(tmp_path / "mplconfig")  # no user matplotlibrc; one font cache
     outs = [tmp_path / "first", tmp_path / "second"]
+    pair = ["item_sync"] + [demo for demo in CPU_PAIRS if demo in DRAWN][:1]
     for out in outs:
-        result = run("--out-root", str(out), "item_sync", "dataloader_workers", env=env)
+        result = run("--out-root", str(out), *pair, env=env)
         assert result.returncode == 0, result.stderr
-    for demo in ("item_sync", "dataloader_workers"):
+    for demo in pair:
         first, second = (out / demo / "trace.png" for out in outs)
         data = first.read_bytes()
         assert data.startswith(PNG_SIGNATURE)
@@ -91,31 +105,215 @@ def test_regenerated_figures_are_small_pngs_and_identical_bytes(tmp_path):
         assert second.read_bytes() == data
 
 
+# --- Every number in a title is the analyzer's, as it prints it. -------------------------------
+
+# A number as a title writes it: digits with an optional decimal part, standing alone ("FP32",
+# "rank0" and "2.11.0" are not numbers here; "1.53x" is 1.53).
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]|\.\d)|(?<![\w.])\d+(?:\.\d+)?(?=x\b)")
+
+
+def numbers(text: str) -> list[str]:
+    return NUMBER.findall(text)
+
+
+def printed(result: dict) -> str:
+    """The analyzer's human output for the run, its runs of spaces made one (its columns)."""
+    return re.sub(r"[ \t]+", " ", analyze.format_human(result))
+
+
+def grab(text: str, pattern: str, line: str = "") -> str:
+    """The first group of `pattern` in `text` (in its line that starts with `line`, if given):
+    a number as the analyzer prints it."""
+    if line:
+        text = next(row for row in text.splitlines() if row.startswith(line))
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in the analyzer's output: {text[:300]}"
+    return found.group(1)
+
+
+def aten_cat_calls_per_step(run_dir) -> str:
+    """aten::cat operators per profiled step, counted in the trace's own JSON: the ones that
+    start inside a ProfilerStep#N span, over the number of those spans (compare's "what changed"
+    prints calls per step at one decimal)."""
+    events = json.loads(gzip.decompress(next(run_dir.glob("*.pt.trace.json.gz")).read_bytes()))
+    events = events["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if str(e.get("name", "")).startswith("ProfilerStep#")]
+    cats = [e["ts"] for e in events if e.get("name") == "aten::cat" and e.get("cat") == "cpu_op"]
+    inside = sum(any(low <= ts < high for low, high in steps) for ts in cats)
+    return f"{inside / len(steps):.1f}"
+
+
+def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
+    """(the numbers panel's title must show, as the analyzer or compare prints them; the
+    numbers it may show besides: the run's configuration, from its summary)."""
+    result, summary = panel.run.result, panel.run.summary
+    out = printed(result)
+    config = summary.get("config") or {}
+    step_p50 = f"{summary['step_ms_p50']:.1f}"  # compare's "step p50 ms"
+    on_gpu = bool(result["gpu"])
+    if on_gpu:  # the GPU idle line's total, and the GPU line's utilization
+        idle = grab(out, r"^GPU idle (\S+) % of the steps", "GPU idle")
+        utilization = grab(out, r"utilization (\S+) % of the steps", "GPU ")
+    if demo in CPU_PAIRS and on_gpu:
+        pytest.fail(f"{demo}: its picture now comes from a GPU run; list the numbers its GPU "
+                    f"headline shows here, and check its zoom on the run (ZOOMS says how)")
+    if demo == "dataloader_workers":
+        return [idle, grab(out, r": DataLoader (\S+?),", "GPU idle")], [str(config["num_workers"])]
+    if demo == "small_batch":
+        return ([utilization, grab(out, r"median (\S+) us", "kernels"),
+                 f"{summary['samples_per_s']:.1f}"], [str(summary["batch_size"])])
+    if demo == "mixed_precision":
+        return [step_p50, grab(out, r" (\S+) % of kernel time", "kernels")], []
+    if demo in ("activation_checkpointing", "naive_attention"):
+        return [grab(out, r"^peak memory (\S+) MB", "peak memory"), step_p50], []
+    if demo == "launch_overhead":
+        return [grab(out, r"^host (\S+) launches/step", "host"), step_p50, utilization], []
+    if demo == "item_sync":
+        return ([grab(out, r"(\S+) syncs/step", "host"), idle,
+                 grab(out, r"host syncs (\S+?),", "GPU idle"),
+                 grab(out, r" launches (\S+?),", "GPU idle")],
+                [grab(out, r"^steps (\d+),", "steps")])
+    if demo == "unfused_optimizer":  # the analyzer prints them in bad's verdict; the JSON has both
+        optimizer = result["optimizer"]
+        return [f"{optimizer['gpu_ms_per_step']:.1f}", f"{optimizer['cpu_ms_per_step']:.1f}",
+                f"{optimizer['ops_per_step']:.0f}"], []
+    if demo == "padding_waste":
+        return ([f"{summary['padding_pct']:.1f}", f"{summary['tokens_per_s']:.0f}", utilization],
+                [str(summary["batch_size"])])
+    if demo == "ddp_no_sync":
+        return ([grab(out, r"(\S+) collectives/step", "distributed"),
+                 grab(out, r"(\S+) ms/step in them", "distributed"), step_p50],
+                [str(result["distributed"]["rank"]), str(result["distributed"]["world_size"])])
+    if demo == "host_roundtrip":
+        return ([f"{summary['samples_per_s']:.1f}", step_p50,
+                 grab(out, r"cpu_exec (\S+?)(?:,|$)", "breakdown"),
+                 grab(out, r"other (\S+?)(?:,|$)", "breakdown")], [])
+    if demo == "llm_decode":
+        return ([f"{summary['tokens_per_s']:.0f}", aten_cat_calls_per_step(run_dir)],
+                [str(config["new_tokens"])])
+    if demo == "tokenizer_bound":
+        shown = [f"{summary['requests_per_s']:.2f}"]
+        if "host regions tokenize" in out:  # the analyzer's region line: share and ms per step
+            shown += [grab(out, r"tokenize (\S+) % of the steps", "host regions"),
+                      grab(out, r"tokenize \S+ % of the steps \((\S+) ms/step", "host regions")]
+        return shown, []
+    pytest.fail(f"{demo}: no expected numbers for its headline")
+
+
+@pytest.mark.parametrize("demo", DRAWN)
+def test_title_numbers_are_the_analyzers_as_it_prints_them(drawn, demo):
+    """Each panel's headline shows the numbers its pair is about, each one as `python -m
+    common.analyze` prints it (one decimal for a percentage: 93.3 % GPU idle, not "94 %") or,
+    for the timed phase's, as compare prints the summary's; and no other number but the run's
+    configuration (a batch size, a worker count)."""
+    data = drawn[demo]
+    for variant, panel in data.panels.items():
+        shown = numbers(panel.headline)
+        expected, config = expected_numbers(demo, panel, data.reference / demo / variant)
+        for number in expected:
+            assert number in shown, f"{demo}/{variant}: {number} not in {panel.headline!r}"
+        stray = [n for n in shown if n not in expected + config]
+        assert not stray, f"{demo}/{variant}: {stray} in {panel.headline!r}"
+
+
+@pytest.mark.parametrize("demo", DRAWN)
+def test_profiled_vs_timed_note_exactly_where_they_differ(drawn, demo):
+    """Where the profiled steps drawn took more than 1.2x the timed step p50 (or less than 1/1.2
+    of it), the panel says so, with the summary's ratio and p50 as compare prints them; where
+    they agree, it says nothing. dataloader_workers/bad: 1.53x."""
+    for variant, panel in drawn[demo].panels.items():
+        summary = panel.run.summary
+        ratio = summary["profiled_step_ms_p50"] / summary["step_ms_p50"]
+        differ = max(ratio, 1 / ratio) > PROFILED_VS_TIMED_MAX
+        assert bool(panel.note) == differ, (demo, variant, ratio, panel.note)
+        if differ:
+            assert numbers(panel.note) == [f"{summary['profiler_overhead_ratio']:.2f}",
+                                           f"{summary['step_ms_p50']:.1f}"], panel.note
+            assert "timed step p50" in panel.note and panel.note in panel.title
+
+
 @needs_reference
-def test_item_sync_window_shows_gpu_gaps_after_host_syncs(data):
+def test_the_brief_examples(drawn):
+    """The two numbers the figures got wrong before: dataloader_workers/bad's GPU idle (93.3 %,
+    the analyzer's; "94 %" was 100 - utilization rounded) and its profiled step (1.53x the timed
+    p50, said in words)."""
+    bad = drawn["dataloader_workers"].panels["bad"]
+    assert "GPU idle 93.3 % of the steps" in bad.headline
+    assert "took 1.53x the timed step p50 of 1508.7 ms" in bad.note
+    assert not drawn["dataloader_workers"].panels["fixed"].note  # 1.00x: nothing to say
+
+
+@pytest.mark.parametrize("demo", CPU_PAIRS)
+def test_cpu_pictures_exist_and_say_cpu(drawn, demo):
+    """The three pairs the H100 reference lacks are drawn from their CPU runs, and say so in the
+    figure's title: "CPU run", the CPU, torch, and what the pair needs."""
+    if (REFERENCE / demo / "bad").is_dir():
+        pytest.skip(f"{demo} has an H100 run now: its picture comes from it")
+    data = drawn[demo]
+    assert data.reference == CPU_REFERENCE
+    summary = data.panels["bad"].run.summary
+    assert f"CPU run, {summary['device_name']}, torch {summary['torch_version']}" in data.title
+    assert "needs a CUDA GPU; not yet run on one" in data.title
+    assert (ROOT / "demos" / demo / "trace.png").is_file()
+
+
+@pytest.mark.skipif(not CPU_REFERENCE.is_dir(), reason="no CPU runs committed")
+def test_cpu_pictures_draw_the_host_side_of_the_lesson(drawn):
+    """llm_decode: bad's token runs every block's operators, aten::cat among them; fixed's is one
+    compiled call (no aten::cat between). tokenizer_bound: bad's tokenize region holds most of
+    its batch with no operator running. host_roundtrip: bad's forward has stretches with no
+    operator (its Python loop), longer than fixed's."""
+    decode = drawn["llm_decode"].panels
+    assert decode["bad"].rows["op:aten::cat"].any()
+    assert decode["fixed"].rows["op:Torch-Compiled Region"].any()
+    assert not decode["bad"].rows["op:Torch-Compiled Region"].any()
+    tokenize = drawn["tokenizer_bound"].panels["bad"].rows
+    busy = tokenize["region:tokenize"] > 0.5
+    assert busy.mean() > 0.5 and tokenize["operators"][busy].mean() < 0.05
+    gaps = {}
+    for variant, panel in drawn["host_roundtrip"].panels.items():
+        forward = panel.rows["forward"] > 0.99
+        gaps[variant] = (1 - panel.rows["operators"][forward]).sum()  # columns with no operator
+    assert gaps["bad"] > 2 * gaps["fixed"]
+
+
+# --- What the walkthroughs say their pictures show. -------------------------------------------
+
+@needs_reference
+def test_item_sync_window_shows_gpu_gaps_after_host_syncs(drawn):
     """The walkthrough's picture: in bad, each block's gradient hook waits for the GPU, and the
-    GPU idles after it; fixed reads nothing in these steps. Measured on the reference: 3 gaps
-    in bad's 3.5 ms window, 0 in fixed's; 16 % against 26 % busy."""
-    item_sync = data["item_sync"]
+    GPU idles after it; fixed reads nothing in these steps. Measured on the reference: 2 waits
+    and 2 gaps in bad's 1.4 ms window, none in fixed's; 16 % against 23 % busy. At this zoom a
+    wait (~10 µs) spans several columns and a gap (~60 µs) dozens; both rows say so in words."""
+    item_sync = drawn["item_sync"]
     low, high = item_sync.window_ms
-    assert 1.0 <= high - low <= 5.0  # a few blocks: a couple of ms, not a whole 26 ms step
+    assert 1.0 <= high - low <= 2.0  # two blocks, not a whole 26 ms step
     bad, fixed = item_sync.panels["bad"], item_sync.panels["fixed"]
     assert bad.sync_gaps >= 2 and fixed.sync_gaps == 0
     assert ((bad.sync_gaps_ms.start >= low) & (bad.sync_gaps_ms.start < high)).all()
     # Each gap is GPU idle time: no kernel runs in it (its busy share there is zero).
+    column_ms = (high - low) / figures.COLUMNS
     for start, end in zip(bad.sync_gaps_ms.start, bad.sync_gaps_ms.end):
         inside = (item_sync.edges_ms[:-1] >= start) & (item_sync.edges_ms[1:] <= end)
         assert bad.rows["gpu"][inside].max(initial=0.0) == 0.0
+        assert (end - start) / column_ms >= 10  # a gap is seen
+    for start, end in zip(bad.syncs_ms.start, bad.syncs_ms.end):
+        assert (end - start) / column_ms >= 3  # a wait is seen, not a sliver under a pixel
     # bad's blocks take longer: its GPU is busy less of the same window (tolerance: 5 points).
     assert bad.gpu_busy_pct + 5 < fixed.gpu_busy_pct
     assert bad.rows["syncs"].any() and not fixed.rows["syncs"].any()
+    labels = {key: figures.row_label(item_sync.zoom, key) for key in bad.rows}
+    assert "host waits for the GPU" in labels["syncs"] and "(.item())" in labels["syncs"]
+    assert "idle after a wait" in labels["gpu"]
+    assert item_sync.zoom.point_at_waits
 
 
 @needs_reference
-def test_dataloader_workers_window_shows_the_idle_gpu(data):
+def test_dataloader_workers_window_shows_the_idle_gpu(drawn):
     """bad's GPU waits for the DataLoader most of its step, fixed's is busy. Measured on the
     reference: 10 % against 91 %; the walkthrough's bounds, 60 % and 80 %, leave room."""
-    loader = data["dataloader_workers"]
+    loader = drawn["dataloader_workers"]
     bad, fixed = loader.panels["bad"], loader.panels["fixed"]
     assert bad.gpu_busy_pct < 60 and fixed.gpu_busy_pct > 80
     # The row the busy share comes from agrees with it (the window's part before each
@@ -129,12 +327,30 @@ def test_dataloader_workers_window_shows_the_idle_gpu(data):
 
 
 @needs_reference
-def test_every_demo_has_a_zoom_and_draws_the_same_window_for_both(data):
+def test_naive_attention_draws_the_steps_its_title_gives(drawn):
+    """A GPU row, and the dashed lines are the steps as the GPU ran them: each within 1.2x of
+    the step p50 in the title (bad's host steps, 13, 21 and 72 ms, are not what a title's
+    72 ms means). The window holds bad's three GPU steps; the GPU row before them is earlier
+    steps' kernels (drawn pale) or not in the trace."""
+    attention = drawn["naive_attention"]
+    for variant, panel in attention.panels.items():
+        assert "gpu" in panel.rows
+        title_ms = float(re.search(r"step p50 (\S+) ms", panel.headline).group(1))
+        for step_ms in np.diff(panel.step_edges_ms):
+            assert 1 / 1.2 < step_ms / title_ms < 1.2, (variant, step_ms, title_ms)
+    bad = attention.panels["bad"]
+    assert attention.window_ms[1] == pytest.approx(bad.step_edges_ms[-1])
+    assert bad.earlier_kernels.any() and bad.unrecorded_until_ms > 0
+
+
+@needs_reference
+def test_every_demo_has_a_zoom_and_draws_the_same_window_for_both(drawn):
     assert set(figures.ZOOMS) == set(figures.DEMOS) == {
         path.parent.name for path in (ROOT / "demos").glob("*/README.md")}
-    for demo, drawn in data.items():
-        assert len(drawn.edges_ms) == figures.COLUMNS + 1
-        for panel in drawn.panels.values():
+    assert set(figures.CPU_ZOOMS) <= set(figures.DEMOS)
+    for data in drawn.values():
+        assert len(data.edges_ms) == figures.COLUMNS + 1
+        for panel in data.panels.values():
             assert all(share.shape == (figures.COLUMNS,) for share in panel.rows.values())
             assert all(((share >= 0) & (share <= 1 + 1e-9)).all() for share in panel.rows.values())
 
@@ -148,7 +364,7 @@ def test_committed_figures_exist_for_every_demo_in_the_reference():
 
 
 def test_every_walkthrough_opens_with_its_picture():
-    """A pair in the reference links its picture at the top; one not yet run there says where
+    """A pair in a reference links its picture at the top; one not yet run there says where
     its picture will be, in a comment, and has no stale trace.png."""
     for readme in sorted((ROOT / "demos").glob("*/README.md")):
         head = readme.read_text().splitlines()[:README_HEAD_LINES]
@@ -170,9 +386,20 @@ def test_a_pair_missing_from_the_reference_is_skipped_with_a_line(tmp_path):
     assert (tmp_path / "out" / "item_sync" / "trace.png").is_file()
     skipped = [line for line in result.stdout.splitlines() if line.startswith("skipped ")]
     assert len(skipped) == len(figures.DEMOS) - 1
-    named = run("--reference", str(reference), "--out-root", str(tmp_path / "out"),
-                "host_roundtrip")  # asked for by name: an error, not a skip
-    assert named.returncode == 2 and named.stderr.count("\n") == 1
+    # Asked for by name: an error, not a skip (and no other folder stands in for the one given).
+    with pytest.raises(SystemExit) as exit_code:
+        figures.main(["--reference", str(reference), "--out-root", str(tmp_path / "out"),
+                      "host_roundtrip"])
+    assert exit_code.value.code == 2
+
+
+def main_says(capsys, *args: str) -> tuple[int, str, str]:
+    """The script's main in this process (a fresh interpreter a call costs half a second):
+    its exit code, stdout and stderr."""
+    with pytest.raises(SystemExit) as exit_code:
+        figures.main(list(args))
+    out, err = capsys.readouterr()
+    return exit_code.value.code, out, err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -181,25 +408,26 @@ def test_a_pair_missing_from_the_reference_is_skipped_with_a_line(tmp_path):
      "walkthrough_figures.py: error: /no/such/folder: no such directory"),
     (["--frobnicate"], "walkthrough_figures.py: error: unrecognized arguments: --frobnicate"),
 ])
-def test_bad_input_is_one_line_and_exit_code_2(args, message):
-    result = run(*args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(message), result.stderr
-    assert result.stdout == ""
+def test_bad_input_is_one_line_and_exit_code_2(capsys, args, message):
+    code, out, err = main_says(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), err
+    assert out == ""
 
 
-def test_a_reference_folder_without_the_pair_is_one_line(tmp_path):
-    result = run("--reference", str(tmp_path), "--out-root", str(tmp_path / "out"), "item_sync")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+def test_a_reference_folder_without_the_pair_is_one_line(capsys, tmp_path):
+    code, _, err = main_says(capsys, "--reference", str(tmp_path), "--out-root",
+                             str(tmp_path / "out"), "item_sync")
+    assert code == 2
+    assert err.strip().splitlines() == [
         f"walkthrough_figures.py: error: {tmp_path / 'item_sync' / 'bad'}: no summary.json "
         f"(not a reference run)"]
     assert not (tmp_path / "out").exists()
 
 
-def test_help_names_the_flags():
-    result = run("--help")
-    assert result.returncode == 0
+def test_help_names_the_flags(capsys):
+    code, out, _ = main_says(capsys, "--help")
+    assert code == 0
     for flag in ("--reference", "--out-root", "DEMO"):
-        assert flag in result.stdout
+        assert flag in out
