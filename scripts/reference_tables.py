@@ -30,7 +30,8 @@ VARIANTS = compare.VARIANTS
 TOP_README = ROOT / "README.md"
 TOP_ANCHOR = "## Which pair is my problem?"  # the top-level block goes right before this line
 TOP_HEADING = "## The pairs"
-DEMO_HEADING = "## Reference run (GPU)"
+# A walkthrough's block sits under its numbers section, in a subsection named for the GPU.
+DEMO_HEADING = "## The numbers"
 # compare.table_rows labels in a demo's table (a row neither summary has, such as real tokens/s
 # outside padding_waste, is left out there).
 DEMO_ROWS = ("samples/s", "real tokens/s", "padding %", "step p50 ms", "peak memory MB",
@@ -130,11 +131,11 @@ def with_block(text: str, tag: str, body: str, insert, note: str = BEGIN_NOTES["
     pattern = re.compile(re.escape(f"<!-- reference-table:{tag} begin") + ".*?" + re.escape(end),
                          re.DOTALL)
     if not pattern.search(text):
-        return insert(text, block)
+        return insert(text, block, tag)
     return pattern.sub(lambda _: block, text, count=1)  # a function: no escapes read in block
 
 
-def insert_top(text: str, block: str) -> str:
+def insert_top(text: str, block: str, tag: str) -> str:
     at = text.find(f"\n{TOP_ANCHOR}\n") + 1
     if not at:
         raise ReferenceError(f"{TOP_README}: no line '{TOP_ANCHOR}' to put the table before")
@@ -142,9 +143,15 @@ def insert_top(text: str, block: str) -> str:
     return f"{text[:at]}{heading}{block}\n\n{text[at:]}"
 
 
-def insert_demo(text: str, block: str) -> str:
-    heading = "" if f"\n{DEMO_HEADING}\n" in text else f"{DEMO_HEADING}\n\n"
-    return f"{text.rstrip()}\n\n{heading}{block}\n"
+def insert_demo(text: str, block: str, tag: str) -> str:
+    """The block as the first subsection of the walkthrough's numbers ("### On the H100" for the
+    h100 folder), the section appended where the walkthrough has none."""
+    section = f"### On the {tag.upper()}\n\n{block}\n"
+    at = text.find(f"\n{DEMO_HEADING}\n")
+    if at < 0:
+        return f"{text.rstrip()}\n\n{DEMO_HEADING}\n\n{section}"
+    at += len(DEMO_HEADING) + 2
+    return f"{text[:at]}\n{section}\n{text[at:].lstrip(chr(10))}"
 
 
 def new_texts(folder: Path) -> dict[Path, tuple[str, str]]:
