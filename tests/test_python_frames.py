@@ -1,12 +1,15 @@
 """Host round trips and Python frames, on hand-built traces whose answers are worked out below:
 the copies each way and the round trips per step, syncs from data-dependent operators, the
-host_roundtrip verdict and its edges, and the hot Python frames (self time, the user's marked,
-the user's lines that issued each sync and copy)."""
+host_roundtrip verdict and its edges, the hot Python frames (self time, the user's marked, the
+user's lines that issued each sync and copy), and the user's files named by their path under the
+working directory (frames.user_paths) in analyze, compare and the report's rows."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
-from common import analyze, frames, verdicts
+from common import analyze, compare, frames, verdicts
 from common.metrics import ROUND_TRIP_SIZE_RATIO_MAX, same_data
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.kineto_builder import ELEMENTWISE, KinetoTrace
@@ -30,22 +33,30 @@ COPY_BYTES = 4 * 10**6  # the device-to-host copy: 4 MB
 # the loop's (train.py:20), the two nonzero syncs and the copy up are train.py:10's.
 
 
+@pytest.fixture(autouse=True)
+def in_an_empty_folder(tmp_path, monkeypatch):
+    """Each test analyzes from a folder of its own: a user's file is named by the file under the
+    working directory that agrees with the trace (frames.user_paths), so the hand-built
+    train.py must not meet one in the project's tree."""
+    monkeypatch.chdir(tmp_path)
+
+
 def gpu_event(t: KinetoTrace, correlation: int) -> dict:
     return next(e for e in t.events if e.get("args", {}).get("correlation") == correlation
                 and e["pid"] == t.gpu_pid and e["ph"] == "X")
 
 
 def frames_trace(steps: int = 2, round_trip: bool = True, nonzeros: int = 2,
-                 in_collective: bool = False, up_bytes: int | None = 2 * COPY_BYTES
-                 ) -> KinetoTrace:
+                 in_collective: bool = False, up_bytes: int | None = 2 * COPY_BYTES,
+                 file: str = "train.py") -> KinetoTrace:
     t = KinetoTrace()
     t.gpu()
     for index in range(steps):
         at = T0 + index * STEP_US
-        t.span("python", "train.py(10): step", at, 900, **{"CallFrom": "train.py:40"})
-        t.span("python", "train.py(20): weights", at + 100, 300, **{"CallFrom": "train.py:12"})
+        t.span("python", f"{file}(10): step", at, 900, **{"CallFrom": f"{file}:40"})
+        t.span("python", f"{file}(20): weights", at + 100, 300, **{"CallFrom": f"{file}:12"})
         t.span("python", "<built-in method tolist of Tensor object at 0x7f3a2c1b>", at + 100, 50,
-               **{"CallFrom": "train.py:22"})
+               **{"CallFrom": f"{file}:22"})
         if in_collective:  # gloo's own staging copies: inside its span, not the user's
             t.op("gloo:all_reduce", at + 90, 420)
         if round_trip:
@@ -72,10 +83,10 @@ def result(tmp_path):
 
 def test_copies_and_round_trips_by_hand(result):
     gpu = result["gpu"]
-    assert gpu["copies_per_step"]["d2h"] == {"count": 1.0, "mb": pytest.approx(4.0),
-                                             "ms": pytest.approx(0.020)}
-    assert gpu["copies_per_step"]["h2d"] == {"count": 1.0, "mb": pytest.approx(8.0),
-                                             "ms": pytest.approx(0.005)}
+    copies = {way: {key: gpu["copies_per_step"][way][key] for key in ("count", "mb", "ms")}
+              for way in ("d2h", "h2d")}
+    assert copies["d2h"] == {"count": 1.0, "mb": pytest.approx(4.0), "ms": pytest.approx(0.020)}
+    assert copies["h2d"] == {"count": 1.0, "mb": pytest.approx(8.0), "ms": pytest.approx(0.005)}
     assert gpu["round_trips_per_step"] == 1.0
     assert gpu["data_dependent_syncs_per_step"] == 2.0
 
@@ -278,6 +289,16 @@ def test_the_verdict_names_the_round_trips_and_the_user_lines(result):
         found["evidence"])
 
 
+def test_the_verdict_names_the_user_lines_by_path(tmp_path):
+    """The same trace with train.py recorded by absolute path, under the working directory (the
+    test's folder): the lines are named from there."""
+    script = tmp_path / "project" / "train.py"
+    result = analyze.analyze_trace(frames_trace(file=str(script)).write(tmp_path / "t.json"))
+    found = {f["id"]: f for f in result["findings"]}["host_roundtrip"]
+    assert ("your lines: project/train.py:10 step (2.0/step), project/train.py:20 weights "
+            "(1.0/step)") in found["evidence"]
+
+
 def gpu_metrics(**changed) -> dict:
     """A metrics dict the rule reads, at its thresholds unless changed."""
     gpu = {"round_trips_per_step": verdicts.HOST_ROUNDTRIP_PER_STEP_MIN,
@@ -357,3 +378,159 @@ def test_python_frames_of_real_serving_traces():
     assert vllm["copies_by_user_frame_per_step"] == {"vllm/v1/utils.py:130 copy_to_gpu": 4.0}
     assert vllm["hot_frames"][0]["frame"] == "triton/runtime/jit.py:574 run"
     assert vllm["hot_frames"][0]["user"] is False
+
+
+# The user's files by path. torch writes a frame's file less the longest of the recording
+# process's sys.path entries that holds it: a script run by path reads "bad.py", a module of a
+# tree on PYTHONPATH "demos/a/bad.py", a file under none of them its absolute path.
+SCRIPT = """import math
+
+
+def loop(values):
+    total = 0.0
+    for value in values:
+        total += math.exp(value)
+    return total
+
+
+loop([1.0])
+"""  # loop starts at line 4, calls math.exp at line 7, and is called at line 11
+LOOP_LINE, EXP_LINE, CALL_LINE = 4, 7, 11
+
+
+def scripts_trace(files: list[str], loop_line: int = LOOP_LINE, call_line: int = CALL_LINE,
+                  steps: int = 2) -> KinetoTrace:
+    """Each step (1000 µs) runs the loop of each file in turn, 300 µs each (k-th at 400 k), its
+    math.exp 50 µs in: the loops' self time is 0.29 ms a step each."""
+    t = KinetoTrace()
+    t.gpu()
+    for index in range(steps):
+        at = T0 + index * STEP_US
+        for k, file in enumerate(files):
+            t.span("python", f"{file}({loop_line}): loop", at + 400 * k, 300,
+                   **{"CallFrom": f"{file}:{call_line}"})
+            t.span("python", "<built-in function exp>", at + 400 * k + 50, 10,
+                   **{"CallFrom": f"{file}:{EXP_LINE}"})
+        t.launch(at + 800, 5, at + 805, 45, name=ELEMENTWISE)
+        t.step(index + 1, at, STEP_US)
+    return t
+
+
+def write_tree(root, files: dict[str, str]):
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def hot_labels(result: dict) -> dict[str, bool]:
+    return {frame["frame"]: frame["user"] for frame in result["python"]["hot_frames"]}
+
+
+def test_two_scripts_of_one_name_are_two_labels_everywhere(tmp_path, monkeypatch):
+    """Two bad.py in two folders, recorded by absolute path (under no sys.path entry), analyzed
+    from the tree holding both: analyze (its JSON and its text), compare's "what changed" and
+    the report's rows (what_changed_rows) name each by its path from there."""
+    tree = write_tree(tmp_path / "project", {"demos/a/bad.py": SCRIPT,
+                                             "demos/b/bad.py": SCRIPT})
+    both = [str(tree / "demos" / name / "bad.py") for name in ("a", "b")]
+    before = scripts_trace(both).write(tmp_path / "before.json")
+    after = scripts_trace(both[:1]).write(tmp_path / "after.json")
+    monkeypatch.chdir(tree)
+    result = analyze.analyze_trace(before)
+    labels = hot_labels(result)
+    for name in ("a", "b"):
+        assert labels[f"demos/{name}/bad.py:{LOOP_LINE} loop"] is True
+        assert labels[f"<built-in function exp> called at demos/{name}/bad.py:{EXP_LINE}"]
+    assert result["python"]["hot_frames"][0]["self_ms_per_step"] == pytest.approx(0.29)
+    text = analyze.format_human(result)
+    assert f"demos/a/bad.py:{LOOP_LINE} loop" in text and f"demos/b/bad.py:{LOOP_LINE} loop" in text
+    comparison = compare.compare_runs(before, after)
+    changed = [row["name"] for row in comparison["what_changed"]["frames"]]
+    assert f"demos/b/bad.py:{LOOP_LINE} loop" in changed  # gone after: 0.29 ms a step less
+    assert f"demos/b/bad.py:{LOOP_LINE} loop" in compare.format_text(comparison)
+    assert ("python", f"demos/b/bad.py:{LOOP_LINE} loop", "0.29", "0.00", "1.0 -> 0.0") in (
+        compare.what_changed_rows(comparison["what_changed"], compare.BEFORE_AFTER))
+
+
+def test_from_another_working_directory_the_path_is_as_recorded(tmp_path, monkeypatch):
+    tree = write_tree(tmp_path / "project", {"demos/a/bad.py": SCRIPT})
+    script = str(tree / "demos" / "a" / "bad.py")
+    path = scripts_trace([script]).write(tmp_path / "t.json")
+    monkeypatch.chdir(write_tree(tmp_path / "elsewhere", {"x.py": ""}))
+    labels = hot_labels(analyze.analyze_trace(path))
+    assert labels[f"{script}:{LOOP_LINE} loop"] is True
+    assert f"<built-in function exp> called at {script}:{EXP_LINE}" in labels
+    # From a folder inside the tree: the path from there.
+    monkeypatch.chdir(tree / "demos")
+    assert f"a/bad.py:{LOOP_LINE} loop" in hot_labels(analyze.analyze_trace(path))
+
+
+DECORATED = SCRIPT.replace("def loop", "@staticmethod\ndef loop")  # decorator at 4, def at 5
+MOVED = "# a line added since the recording\n" + SCRIPT  # loop now starts at line 5
+
+
+@pytest.mark.parametrize("files, recorded, loop_line, call_line, label", [
+    # A script run by path: "bad.py". One of the two agrees with the trace (the other's loop
+    # starts elsewhere): that one.
+    ({"demos/a/bad.py": SCRIPT, "demos/b/bad.py": MOVED}, "bad.py", LOOP_LINE, CALL_LINE,
+     "demos/a/bad.py"),
+    # Both agree: which ran cannot be told; as recorded.
+    ({"demos/a/bad.py": SCRIPT, "demos/b/bad.py": SCRIPT}, "bad.py", LOOP_LINE, CALL_LINE,
+     "bad.py"),
+    ({}, "bad.py", LOOP_LINE, CALL_LINE, "bad.py"),  # none under the working directory
+    ({"demos/a/bad.py": MOVED}, "bad.py", LOOP_LINE, CALL_LINE, "bad.py"),  # edited since
+    # A frame names a decorated function's first decorator line; one running when the profiler
+    # started names the line it was at (within the function, a line past its start).
+    ({"demos/a/bad.py": DECORATED}, "bad.py", LOOP_LINE, CALL_LINE, "demos/a/bad.py"),
+    ({"demos/a/bad.py": SCRIPT}, "bad.py", EXP_LINE + 1, CALL_LINE, "demos/a/bad.py"),
+    ({"demos/a/bad.py": SCRIPT}, "bad.py", EXP_LINE + 2, CALL_LINE, "bad.py"),  # past its end
+    ({"demos/a/bad.py": SCRIPT}, "bad.py", LOOP_LINE, CALL_LINE + 1, "bad.py"),  # past the file
+    # A module of a tree on PYTHONPATH: the file whose path ends with it, folder by folder.
+    ({"demos/a/bad.py": SCRIPT, "demos/ba/bad.py": SCRIPT}, "a/bad.py", LOOP_LINE, CALL_LINE,
+     "demos/a/bad.py"),
+    # Copies where no user's file lies (hidden folders, installed packages, caches) are not
+    # looked at.
+    ({"demos/a/bad.py": SCRIPT, ".venv/bad.py": SCRIPT, "env/lib/site-packages/bad.py": SCRIPT,
+      "demos/a/__pycache__/bad.py": SCRIPT}, "bad.py", LOOP_LINE, CALL_LINE, "demos/a/bad.py"),
+    # Not Python this interpreter reads: cannot agree.
+    ({"demos/a/bad.py": "def loop(:\n" * 12}, "bad.py", LOOP_LINE, CALL_LINE, "bad.py"),
+], ids=["one-agrees", "both-agree", "none", "edited", "decorated", "inside", "past-function",
+        "past-file", "module-path", "skipped-folders", "not-python"])
+def test_a_recorded_relative_path_is_the_one_file_that_agrees(tmp_path, monkeypatch, files,
+                                                               recorded, loop_line, call_line,
+                                                               label):
+    path = scripts_trace([recorded], loop_line, call_line).write(tmp_path / "t.json")
+    monkeypatch.chdir(write_tree(tmp_path / "project", {"README.md": "", **files}))
+    labels = hot_labels(analyze.analyze_trace(path))
+    assert labels[f"{label}:{loop_line} loop"] is True
+    assert f"<built-in function exp> called at {label}:{EXP_LINE}" in labels
+
+
+def folders_under(root) -> int:
+    return sum(1 for _ in os.walk(root))
+
+
+@pytest.mark.parametrize("extra, found", [(1, True), (0, True), (-1, False)],
+                         ids=["above", "at", "below"])
+def test_the_search_gives_up_past_its_folders(tmp_path, monkeypatch, extra, found):
+    """The search walks SOURCE_SEARCH_MAX_DIRS folders at most: a tree of exactly that many is
+    searched; one folder more and the paths stay as recorded."""
+    tree = write_tree(tmp_path / "project", {"demos/a/bad.py": SCRIPT, "docs/x/y/z.md": ""})
+    monkeypatch.setattr(frames, "SOURCE_SEARCH_MAX_DIRS", folders_under(tree) + extra)
+    path = scripts_trace(["bad.py"]).write(tmp_path / "t.json")
+    monkeypatch.chdir(tree)
+    expected = "demos/a/bad.py" if found else "bad.py"
+    assert f"{expected}:{LOOP_LINE} loop" in hot_labels(analyze.analyze_trace(path))
+
+
+def test_library_frames_keep_their_recorded_paths(tmp_path, monkeypatch):
+    """torch's files (relative to site-packages) are not looked for, even where a file of that
+    path lies under the working directory; nor is a library file recorded by absolute path."""
+    tree = write_tree(tmp_path / "project", {"vendored/torch/nn/functional.py": SCRIPT})
+    installed = str(tree / "venv" / "lib" / "site-packages" / "mylib" / "x.py")
+    t = scripts_trace(["torch/nn/functional.py", installed])
+    monkeypatch.chdir(tree)
+    labels = hot_labels(analyze.analyze_trace(t.write(tmp_path / "t.json")))
+    assert labels[f"torch/nn/functional.py:{LOOP_LINE} loop"] is False
+    assert labels[f"{installed}:{LOOP_LINE} loop"] is False

@@ -153,30 +153,38 @@ def test_py_spy_names_the_loop_it_finds_the_process_in(tmp_path):
                                                                    LOOP_FUNCTION), result.stdout
 
 
-def test_the_loop_s_frames_are_in_the_analyzer_s_table(tmp_path):
+def test_the_loop_s_frames_are_in_the_analyzer_s_table(tmp_path, monkeypatch):
     """At the CPU preset (few steps), bad --with-stack: the analyzer's frame table (the hot
     frames are its top HOT_FRAMES_SHOWN by self time) holds the function with the Python loop
-    over .tolist() values, in bad.py, as the user's, called once a step, and the loop's math.exp
-    once per sample: counts the script fixes, where self times and the rank among the hot frames
-    are the timing of the moment."""
+    over .tolist() values, in demos/host_roundtrip/bad.py, as the user's, called once a step, and
+    the loop's math.exp once per sample: counts the script fixes, where self times and the rank
+    among the hot frames are the timing of the moment. torch records the script as "bad.py"
+    (its folder is sys.path[0]); analyzed from the project's root, the one bad.py of the
+    thirteen that agrees with the trace is named by its path, and from elsewhere "bad.py"."""
     result = run_demo("host_roundtrip", "bad", "--device", "cpu", "--steps", "5", "--with-stack",
                       "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     run_dir = tmp_path / "host_roundtrip" / "bad"
+    monkeypatch.chdir(ROOT)
     detail = analyze.analyze(run_dir)
     table = frames.frame_times(detail.columns, detail.host_window, detail.steps.size)
     loop = [label for label in table.times if label.endswith(f" {LOOP_FUNCTION}")]
     assert len(loop) == 1, sorted(table.times)
     label = loop[0]
-    assert label.split(":")[0].endswith("bad.py") and table.user[label]
+    lines = function_lines(HOST_ROUNDTRIP_BAD, LOOP_FUNCTION)
+    assert label == f"demos/host_roundtrip/bad.py:{lines[0]} {LOOP_FUNCTION}" and table.user[label]
     self_ms, calls = table.times[label]
     assert calls == 1.0 and self_ms > 0  # one call a step, with time of its own (the loop)
-    lines = function_lines(HOST_ROUNDTRIP_BAD, LOOP_FUNCTION)
-    exp = [name for name in table.times if name.startswith("<built-in function exp> called at ")
-           and name.rsplit(":", 1)[0].endswith("bad.py") and int(name.rsplit(":", 1)[1]) in lines]
+    called_at = "<built-in function exp> called at demos/host_roundtrip/bad.py"
+    exp = [name for name in table.times if name.rsplit(":", 1)[0] == called_at
+           and int(name.rsplit(":", 1)[1]) in lines]
     assert len(exp) == 1, sorted(table.times)
     assert table.times[exp[0]][1] == read_summary(tmp_path, "host_roundtrip", "bad")["batch_size"]
     # The hot frames are the table's top HOT_FRAMES_SHOWN by self time, largest first.
     hot = detail.result["python"]["hot_frames"]
     ranked = sorted(table.times, key=lambda name: (-table.times[name][0], name))
     assert [frame["frame"] for frame in hot] == ranked[:frames.HOT_FRAMES_SHOWN]
+    # From a folder holding no bad.py: as torch recorded it.
+    monkeypatch.chdir(tmp_path)
+    elsewhere = frames.frame_times(detail.columns, detail.host_window, detail.steps.size)
+    assert f"bad.py:{lines[0]} {LOOP_FUNCTION}" in elsewhere.times
