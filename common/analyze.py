@@ -23,14 +23,15 @@ import numpy as np
 from common import sanity, trace
 from common.communication import distributed_metrics
 from common.frames import FrameTimes, frame_times, python_frames
+from common.host_ops import CPU_SHORT_OP_US, cpu_run_metrics, with_host_work_ops
 from common.idle_causes import (
     IDLE_CAUSES,
     host_region_metrics,
     host_regions,
-    initialization,
-    initialization_warning,
+    initialization_regime,
+    initialization_regime_warning,
 )
-from common.intervals import Spans, merge, union_in
+from common.intervals import Spans, concat, merge, union_in
 from common.metrics import (
     SHORT_KERNEL_US,
     attention_metrics,
@@ -96,8 +97,9 @@ def idle_causes(*splits: dict[str, float]) -> list[str]:
 
 
 def device_kind(columns, has_gpu: bool, gpu_props: dict) -> str:
-    """"rocm" (an AMD GPU), "cuda" (NVIDIA) or "cpu" (no GPU work in the trace)."""
-    if not has_gpu:
+    """"rocm" (an AMD GPU), "cuda" (NVIDIA) or "cpu" (no GPU work in the trace, and no runtime
+    call that enqueues any: gpu_unrecorded)."""
+    if not has_gpu and not gpu_unrecorded(columns, has_gpu):
         return "cpu"
     name = str(gpu_props.get("name") or "") if isinstance(gpu_props, dict) else ""
     amd = columns.hip_runtime or any(marker in name for marker in AMD_DEVICE_MARKERS)
@@ -118,6 +120,26 @@ class Analysis:
     memory_mb: np.ndarray = field(default_factory=lambda: np.empty(0))
     columns: TraceColumns | None = None  # what compare's what_changed reads (time_by_name)
     frames: FrameTimes | None = None  # Python frames' self time by label (None: no frames)
+
+
+def gpu_unrecorded(columns, has_gpu: bool) -> int:
+    """The runtime calls that enqueue GPU work (kernel launches, copies: cudaLaunchKernel,
+    cudaMemcpyAsync, hipLaunchKernel, ...) in a trace without a single GPU event: the GPU ran and
+    the profiler did not record it (no ProfilerActivity.CUDA, or CUPTI unavailable or taken by
+    another profiler). 0 where the GPU was recorded, or nothing was enqueued."""
+    return 0 if has_gpu else int(columns.runtime_enqueues.sum())
+
+
+def gpu_unrecorded_warning(calls: int, device: str) -> str | None:
+    if not calls:
+        return None
+    runtime = "HIP" if device == "rocm" else "CUDA"
+    return (f"a GPU run whose GPU was not recorded: {calls} {runtime} runtime calls enqueue GPU "
+            f"work (kernel launches, copies) and the trace holds no kernel, copy or memset; "
+            f"record with torch.profiler.profile(activities=[ProfilerActivity.CPU, "
+            f"ProfilerActivity.CUDA]), and check that CUPTI is available and not taken by "
+            f"another profiler (Nsight Systems, DCGM's profiling); no GPU numbers or verdicts "
+            f"from this trace")
 
 
 # --- The whole analysis. -------------------------------------------------------------------------
@@ -166,8 +188,12 @@ def analyze(path: Path) -> Analysis:
                     "p95": float(np.percentile(step_ms, 95))},
         "dataloader_pct": (100.0 * union_in(columns.dataloader, *window) / span
                            if span > 0 else 0.0),
+        # The idle split names the host regions and, where no region holds, the host's operators
+        # that enqueue no GPU work (host_ops.with_host_work_ops).
         "gpu": (gpu_metrics(columns, window, n_steps, runtime_step, host, syncs=syncs,
-                            copied=copied, regions=regions) if has_gpu else None),
+                            copied=copied,
+                            regions=with_host_work_ops(regions, columns, host_window))
+                if has_gpu else None),
         "peak_memory_mb": float(memory_mb.max()) if memory_mb.size else None,
         # Beyond the issue's list: the GPU's memory (for the activation-memory verdict), the
         # window and the plugin-style breakdown of an average step.
@@ -188,6 +214,13 @@ def analyze(path: Path) -> Analysis:
     metrics["host_regions"] = host_region_metrics(
         regions, window, n_steps,
         metrics["gpu"]["idle_by_cause_pct"] if metrics["gpu"] else None)
+    # A CPU run (no GPU, recorded or not): its operators, and the time outside them that no
+    # other cause (the DataLoader, a host region, a collective call) names.
+    metrics["cpu"] = None
+    if metrics["device"] == "cpu":
+        held = concat(columns.dataloader, regions.segments, columns.collective_spans,
+                      columns.collective_ops)
+        metrics["cpu"] = cpu_run_metrics(columns, host_window, n_steps, held)
     # A backward pass in the trace: training (else inference: no training-only advice).
     metrics["training"] = columns.has_backward
     # What the host does while the GPU waits for it: its operators by self time, for the
@@ -215,15 +248,18 @@ def analyze(path: Path) -> Analysis:
              columns.cpu_ops]
     breakdown = step_breakdown_ms(steps, roles)
     metrics["step_breakdown_ms"] = dict(zip(BREAKDOWN_ROLES, map(float, breakdown.mean(axis=0))))
+    # A window that holds the run's start-up (context creation, module loading, first calls,
+    # compiling) is no steady state: the verdicts that read idle time give way to it.
+    metrics["initialization"] = initialization_regime(columns, host, steps)
     metrics["findings"] = findings_for(metrics)
     # Events the profiler wrote that cannot be true, left out of every number above, by kind.
     metrics["impossible_events"] = columns.impossible
-    # A window that holds the run's start-up (module loading, context creation) is no steady
-    # state: said, not corrected (which time is start-up cannot be told apart in general).
-    metrics["initialization"] = initialization(columns, host_window) if has_gpu else None
-    metrics["warnings"] = [line for line in (sanity.warning_line(columns.impossible),
-                                             initialization_warning(metrics["initialization"]))
-                           if line]
+    # A GPU run the profiler recorded without its GPU: said, and read as no GPU (no GPU rules).
+    metrics["gpu_unrecorded_calls"] = gpu_unrecorded(columns, has_gpu)
+    metrics["warnings"] = [line for line in (
+        sanity.warning_line(columns.impossible),
+        initialization_regime_warning(metrics["initialization"]),
+        gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"])) if line]
     return Analysis(result=metrics, steps=steps, window=window, host_window=host_window,
                     breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),
@@ -305,12 +341,30 @@ def fmt(value, spec: str = ".1f", unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
+def copies_line(way: dict) -> str:
+    """"2.0/step (154.1 MB, 19.81 ms, 7.8 GB/s, all pageable)": one direction's copies per step,
+    the GB/s they ran at and their host memory (metrics.copy_metrics), shares of their time."""
+    text = f"{way['count']:.1f}/step ({fmt(way['mb'], '.1f', ' MB')}, {way['ms']:.2f} ms"
+    if not way["count"]:
+        return text + ")"
+    rate = way["gb_per_s"]
+    text += (", GB/s n/a (no bytes)" if rate is None
+             else f", {rate:.1f} GB/s" if rate >= 0.1 else f", {rate:.2g} GB/s")
+    pinned, pageable = way["pinned_pct"], way["pageable_pct"]
+    if pinned is None:
+        return text + ", host memory not named)"
+    if pinned == 100.0 or pageable == 100.0:
+        return text + f", all {'pinned' if pinned == 100.0 else 'pageable'})"
+    return text + f", pinned {pinned:.1f} %, pageable {pageable:.1f} % of the time)"
+
+
 def format_human(result: dict) -> str:
     step = result["step_ms"]
     lines = [f"trace        {result['trace']}",
              f"device       {result['device']}"
              + (f" ({result['gpu_name']})" if result["gpu_name"] else "")
-             + ("" if result["gpu"] else " - no GPU activity in the trace"),
+             + ("" if result["gpu"] else " - the GPU's activity was not recorded (below)"
+                if result.get("gpu_unrecorded_calls") else " - no GPU activity in the trace"),
              f"steps        {result['steps']}"
              + ("" if result["steps_named"] else " (no ProfilerStep#N: the whole trace)")
              + f", step time mean {step['mean']:.1f} ms, p50 {step['p50']:.1f} ms, "
@@ -361,9 +415,8 @@ def format_human(result: dict) -> str:
                      if gpu["syncs_per_step"] else "")]
         copies = gpu["copies_per_step"]
         lines.append("copies       " + ", ".join(
-            f"{label} {copies[way]['count']:.1f}/step ({fmt(copies[way]['mb'], '.1f', ' MB')}, "
-            f"{copies[way]['ms']:.2f} ms)" for way, label in (("h2d", "host->device"),
-                                                              ("d2h", "device->host")))
+            f"{label} {copies_line(copies[way])}" for way, label in (("h2d", "host->device"),
+                                                                     ("d2h", "device->host")))
             + f"; round trips {gpu['round_trips_per_step']:.1f}/step, data-dependent syncs "
               f"{gpu['data_dependent_syncs_per_step']:.1f}/step")
         idle = gpu["idle_by_cause_pct"]
@@ -377,6 +430,16 @@ def format_human(result: dict) -> str:
                                  if cause in SHOWN_CAUSES or idle[cause] >= SHOWN_PCT_MIN)
                      + f" (HTA's idle, from the first to the last GPU op of the trace: "
                        f"{gpu['hta_idle_pct']:.1f} %)")
+    cpu = result.get("cpu")
+    if cpu:
+        lines.append(f"operators    {cpu['ops_per_step']:.0f}/step, median "
+                     f"{fmt(cpu['median_op_self_us'], '.1f', ' us')} of self time; under "
+                     f"{CPU_SHORT_OP_US:.0f} us: {cpu['short_op_pct']:.1f} % of the steps, gaps "
+                     f"under it between them {cpu['short_gap_pct']:.1f} % (calls: "
+                     f"{cpu['call_pct']:.1f} %); outside every operator: "
+                     f"{cpu['outside_ops_pct']:.1f} %; most self time: "
+                     + ", ".join(f"{name} {ms:.2f} ms/step"
+                                 for name, ms in cpu["top_ops_ms_per_step"]))
     lines += host_region_lines(result["host_regions"])
     lines += python_lines(result["python"])
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()
@@ -385,7 +448,7 @@ def format_human(result: dict) -> str:
     lines += [f"warning      {line}" for line in result["warnings"]]
     if not result["findings"]:
         lines.append("verdicts     none: no bottleneck rule fired"
-                     + ("" if gpu else " (GPU rules need GPU activity)"))
+                     + ("" if gpu else " (GPU rules need the GPU's activity in the trace)"))
     for found in result["findings"]:
         lines.append(f"[{found['severity']}] {found['id']}: {found['evidence']}")
         lines.append(f"    fix: {found['fix']}"

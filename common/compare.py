@@ -649,8 +649,15 @@ def rank_lines(comparison: dict) -> list[str]:
 NAME_SHOWN_CHARS = 70  # kernel names run to thousands of characters (C++ templates)
 
 
-def short_name(name: str) -> str:
-    return name if len(name) <= NAME_SHOWN_CHARS else name[:NAME_SHOWN_CHARS - 3] + "..."
+def short_name(name: str, keep_end: bool = False) -> str:
+    """At most NAME_SHOWN_CHARS: the start, or for a Python frame (`keep_end`) the start and the
+    end, where the file and line of "... called at demos/host_roundtrip/bad.py:28" are."""
+    if len(name) <= NAME_SHOWN_CHARS:
+        return name
+    if not keep_end:
+        return name[:NAME_SHOWN_CHARS - 3] + "..."
+    tail = NAME_SHOWN_CHARS // 2
+    return name[:NAME_SHOWN_CHARS - 3 - tail] + "..." + name[-tail:]
 
 
 def what_changed_rows(changed: dict, labels: tuple[str, str] = VARIANTS
@@ -660,7 +667,8 @@ def what_changed_rows(changed: dict, labels: tuple[str, str] = VARIANTS
     rows = []
     for kind, label in (("operators", "operator"), ("kernels", "kernel"), ("frames", "python")):
         for row in changed.get(kind, []):
-            rows.append((label, short_name(row["name"]), f"{row[f'{old}_ms_per_step']:.2f}",
+            rows.append((label, short_name(row["name"], keep_end=label == "python"),
+                         f"{row[f'{old}_ms_per_step']:.2f}",
                          f"{row[f'{new}_ms_per_step']:.2f}",
                          f"{row[f'{old}_calls_per_step']:.1f} -> "
                          f"{row[f'{new}_calls_per_step']:.1f}"))

@@ -11,7 +11,7 @@ import numpy as np
 
 from common.intervals import Spans, concat, covered_length, merge, union_in
 from common.syncs import gap_of
-from common.trace_columns import TraceColumns
+from common.trace_columns import TraceColumns, is_collective_kernel
 from common.trace_steps import US_PER_MS, gpu_ops, launching_call
 
 # Definitions (sources in common/README.md, "Analyzing a trace"):
@@ -24,19 +24,90 @@ from common.trace_steps import US_PER_MS, gpu_ops, launching_call
 #                enqueued after the gap began), other.
 
 # --- Initialization in the window. ---------------------------------------------------------------
-# A launch call takes microseconds, or blocks while a busy GPU drains a full launch queue (45 ms
-# at most in the committed H100 traces, the GPU busy throughout). A long launch call while the
-# GPU is idle waits for nothing on the GPU: the driver loads the kernel's module on first use
-# (lazy loading) or creates the context. One module takes milliseconds (10 ms in the H100
-# padding_waste/bad trace, whose random batch shapes pick new GEMM kernels as it runs: part of
-# that workload's steady state); creating the context and loading a library's modules take
-# hundreds of milliseconds to seconds: start-up, not steady state (3,056 ms, the second launch
-# of the shared A100 AlexNet trace, recorded without a warm-up).
+# A window recorded as people first record one (`with profile():` around one cold call, no
+# schedule) holds the run's start-up, which no later step pays again; read as steady state it
+# looks like an idle GPU waiting on the host. Start-up takes these forms in a trace (each a span;
+# their union is the window's initialization):
+#   setup_call      a runtime call that neither enqueues GPU work nor waits for the GPU (not a
+#                   launch, copy, memset or sync) and lasts INIT_SETUP_CALL_MIN_MS or more while
+#                   the GPU is idle: context creation (in whichever call comes first: the shared
+#                   A100 AlexNet trace's cudaDeviceGetStreamPriorityRange took 29.9 s, then
+#                   cudaFree 6.0 s, cudaMalloc 0.76 s, cudaStreamCreateWithFlags 0.73 s), handle
+#                   and stream creation, the caching allocator's first cudaMalloc/cudaFree. Such a
+#                   call takes microseconds in the steady state (at most 0.35 ms with the GPU idle
+#                   in the 38 shared and reference traces, AlexNet aside). When such calls fall in
+#                   every step of several, it is the allocator's churn each step, not start-up.
+#   long_launch     a launch call of INIT_LAUNCH_MIN_MS or more with the GPU idle (below).
+#   first_launch    the launch call of a kernel's first run in the trace, INIT_FIRST_LAUNCH_MIN_MS
+#                   or more with the GPU idle: lazy loading loads a kernel's module on its first
+#                   launch (the shared MI250 trace: 6.5 ms for the first launch of a kernel whose
+#                   second launch takes 4.7 us). Steady-state first launches took at most 0.22 ms.
+#   first_call      an operator's first call in the window whose own time (less the operators
+#                   and runtime calls it holds on its thread) is INIT_FIRST_CALL_MIN_MS or more and
+#                   INIT_FIRST_CALL_RATIO times the median of the same operator's later calls (or,
+#                   called once, of the GPU time of the kernels it launched), unless a call in a
+#                   later step comes within that factor of it: a cost every step pays is steady
+#                   state (the DataLoader's aten::cat in the H100 dataloader_workers/bad trace,
+#                   55 ms for each step's images, 0.07 ms for its labels). Only an operator that
+#                   enqueues GPU work: cuDNN's and cuBLAS's set-up, heuristics and autotuning
+#                   (torch.backends.cudnn.benchmark) run in an operator's first call (AlexNet's
+#                   first aten::cudnn_convolution: 496 ms of its own, the later ones 0.15 ms at
+#                   most); a CPU operator's long call is its data. No steady-state trace here has
+#                   a first call that stands out by 1 ms.
+#   compile         torch.compile's Dynamo and Inductor work: record_function ranges named
+#                   "<what> (dynamo_timed)" (torch/_dynamo/utils.py, dynamo_timed, since
+#                   torch 2.0). Not "Torch-Compiled Region", "CompiledFunction" or "TorchDynamo
+#                   Cache Lookup": those run the compiled code, every call.
+#   first_collective  the first collective (its call on the CPU, or its kernel on the GPU)
+#                   stands out from the later ones as a first call does: the first waits for every
+#                   rank to finish starting up, and creates the communicator.
+# A window of one step without ProfilerStep#N (no schedule) adds no span; the evidence says so.
+# Where the reader keeps runtime call names (TraceColumns.runtime_name_id and
+# runtime_name_table, as for kernels), the evidence names each set-up call; else it says "a
+# runtime call".
+#
+# A launch call takes microseconds, or blocks while the launch queue is full: CUPTI writes that
+# wait as a "Command Buffer Full" overhead event, up to 45 ms in the committed H100 traces, most
+# with the GPU busy, and 10 ms in padding_waste/bad's with no GPU work in the trace running: an
+# idle GPU is not enough to tell start-up at that length. A launch call of hundreds of
+# milliseconds to seconds with the GPU idle waits for nothing on the GPU: the driver creates the
+# context or loads a library's modules (3,056 ms, the second launch of the shared A100 AlexNet
+# trace, recorded without a warm-up). Shorter, only a kernel's first launch is start-up.
 INIT_LAUNCH_MIN_MS = 100.0  # ms: a launch call at least this long...
-INIT_LAUNCH_GPU_BUSY_MAX = 0.5  # ...with the GPU busy less than this share of it
+INIT_LAUNCH_GPU_BUSY_MAX = 0.5  # ...with the GPU busy less than this share of it (every span
+# kind that asks for an idle GPU asks this)
+INIT_SETUP_CALL_MIN_MS = 10.0  # ms, one runtime call that neither enqueues nor waits
+INIT_FIRST_LAUNCH_MIN_MS = 2.0  # ms, the launch call of a kernel's first run
+INIT_FIRST_CALL_MIN_MS = 20.0  # ms of an operator's own time in its first call
+INIT_FIRST_CALL_RATIO = 10.0  # first call ÷ median of the later calls (or its kernels' time)
+# The window is initialization when start-up holds at least half of it: steady-state numbers
+# then describe the minority. Where start-up ends early enough to leave half the window after
+# it, the steady state is that part.
+INIT_MOSTLY_MIN_PCT = 50.0  # % of the window in initialization spans
+INIT_STEADY_MIN_PCT = 50.0  # % of the window after the last initialization span
+COMPILE_MARKER = "(dynamo_timed)"
+INIT_KINDS = ("setup_call", "long_launch", "first_launch", "first_call", "compile",
+              "first_collective")
+INIT_KIND_WORDS = {
+    "setup_call": "runtime set-up calls with the GPU idle (context, streams, handles, memory)",
+    "long_launch": "long launch calls with the GPU idle (context creation, library loading)",
+    "first_launch": "kernels' first launches with the GPU idle (lazy module loading)",
+    "first_call": "operators' first calls (cuDNN/cuBLAS set-up, heuristics, autotuning)",
+    "compile": "torch.compile compiling (Dynamo/Inductor)",
+    "first_collective": "the first collective (ranks starting up, the communicator created)"}
+INIT_FIXES = {
+    "first_call": "cuDNN and cuBLAS set up on each operator's first call, and "
+                  "torch.backends.cudnn.benchmark autotunes each new shape there",
+    "first_launch": "lazy loading loads each kernel's module on its first launch",
+    "long_launch": "the CUDA context and libraries load on the first launches",
+    "setup_call": "the CUDA context, streams and the caching allocator's memory are set up on "
+                  "first use",
+    "compile": "torch.compile compiles on the first calls: its Dynamo/Inductor time in the "
+               "window is initialization, not host overhead",
+    "first_collective": "the first collective waits for every rank to start up"}
 
 
-def initialization(columns: TraceColumns, host_window: tuple[float, float]) -> dict | None:
+def long_launch(columns: TraceColumns, host_window: tuple[float, float]) -> dict | None:
     """{"launch_index": k (1-based, in the host window), "launch_ms", "median_launch_us"} of the
     longest launch call of INIT_LAUNCH_MIN_MS or more during which the GPU was busy (kernels,
     copies, memsets) less than INIT_LAUNCH_GPU_BUSY_MAX of the time; None without one."""
@@ -49,13 +120,18 @@ def initialization(columns: TraceColumns, host_window: tuple[float, float]) -> d
     duration = end - start
     idle_wait = duration >= INIT_LAUNCH_MIN_MS * US_PER_MS
     if idle_wait.any():  # the GPU's busy time is merged only for such a call (seldom)
-        busy = merge(concat(columns.kernels, columns.memcpy, columns.memset))
-        idle_wait &= covered_length(busy, start, end) < INIT_LAUNCH_GPU_BUSY_MAX * duration
+        idle_wait[idle_wait] = gpu_idle_during(columns, start[idle_wait], end[idle_wait])
     if not idle_wait.any():
         return None
     k = int(np.argmax(np.where(idle_wait, duration, -1.0)))
     return {"launch_index": k + 1, "launch_ms": float(duration[k]) / US_PER_MS,
             "median_launch_us": float(np.median(duration))}
+
+
+def initialization(columns: TraceColumns, host_window: tuple[float, float]) -> dict | None:
+    """The long launch call alone (long_launch): what analyze reports until it reads
+    initialization_regime."""
+    return long_launch(columns, host_window)
 
 
 def initialization_warning(found: dict | None) -> str | None:
@@ -66,6 +142,340 @@ def initialization_warning(found: dict | None) -> str | None:
             f"{found['median_launch_us']:.1f} us), lazy module loading or context creation; "
             f"record later steps (torch.profiler.schedule with wait/warmup) for steady-state "
             f"numbers")
+
+
+def gpu_idle_during(columns: TraceColumns, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For each [start, end]: the GPU (kernels, copies, memsets) busy less than
+    INIT_LAUNCH_GPU_BUSY_MAX of it; never, in a trace without GPU work (a GPU the profiler did
+    not record: whether it was idle is unknown). Merges the GPU's work: call it for a few
+    candidates."""
+    busy = merge(concat(columns.kernels, columns.memcpy, columns.memset))
+    if not busy.size:
+        return np.zeros(np.shape(start), bool)
+    return covered_length(busy, start, end) < INIT_LAUNCH_GPU_BUSY_MAX * (end - start)
+
+
+def step_of(steps: Spans, at: np.ndarray) -> np.ndarray:
+    """The step each instant falls in, the last one started by then (0 before the first)."""
+    return np.maximum(np.searchsorted(steps.start, at, side="right") - 1, 0)
+
+
+def stands_out(first_us: float, later_us: np.ndarray, later_step: np.ndarray) -> bool:
+    """A first call that is initialization: INIT_FIRST_CALL_MIN_MS or more, and
+    INIT_FIRST_CALL_RATIO times the median of the later calls (`later_us`, none: no test), and no
+    call of a later step (`later_step`: which later calls are in one) within that factor of it."""
+    if first_us < INIT_FIRST_CALL_MIN_MS * US_PER_MS:
+        return False
+    if later_us.size and first_us < INIT_FIRST_CALL_RATIO * float(np.median(later_us)):
+        return False
+    return not (INIT_FIRST_CALL_RATIO * later_us[later_step] >= first_us).any()
+
+
+def init_span(kind: str, name: str, start: float, end: float) -> dict:
+    return {"kind": kind, "name": name, "start_us": float(start), "end_us": float(end),
+            "ms": float(end - start) / US_PER_MS}
+
+
+def runtime_name(columns: TraceColumns, index: int) -> str:
+    """A runtime call's name (trace_columns.runtime_name_table)."""
+    return str(columns.runtime_name_table[int(columns.runtime_name_id[index])])
+
+
+def setup_calls(columns: TraceColumns, host: Spans) -> list[dict]:
+    """Runtime calls that neither enqueue GPU work nor wait for it, INIT_SETUP_CALL_MIN_MS or
+    more with the GPU idle, in the host steps; none when they fall in every step of several."""
+    runtime = columns.runtime
+    neither = ~(columns.runtime_is_launch | columns.runtime_is_sync | columns.runtime_enqueues)
+    long = neither & (runtime.end - runtime.start >= INIT_SETUP_CALL_MIN_MS * US_PER_MS) & (
+        runtime.start >= host.start[0]) & (runtime.start < host.end[-1])
+    index = np.flatnonzero(long)
+    if not index.size:
+        return []
+    index = index[gpu_idle_during(columns, runtime.start[index], runtime.end[index])]
+    if host.size > 1 and np.unique(step_of(host, runtime.start[index])).size == host.size:
+        return []  # every step pays it: the steady state's
+    return [init_span("setup_call", runtime_name(columns, i), runtime.start[i], runtime.end[i])
+            for i in index.tolist()]
+
+
+def slow_launches(columns: TraceColumns, host: Spans) -> list[dict]:
+    """Launch calls in the host steps with the GPU idle: INIT_LAUNCH_MIN_MS or more (long_launch),
+    or INIT_FIRST_LAUNCH_MIN_MS or more for a kernel's first run in the trace (first_launch)."""
+    runtime = columns.runtime
+    duration = runtime.end - runtime.start
+    calls = columns.runtime_is_launch & (runtime.start >= host.start[0]) & (
+        runtime.start < host.end[-1])
+    index = np.flatnonzero(calls & (duration >= INIT_FIRST_LAUNCH_MIN_MS * US_PER_MS))
+    if not index.size:
+        return []
+    index = index[gpu_idle_during(columns, runtime.start[index], runtime.end[index])]
+    long = duration[index] >= INIT_LAUNCH_MIN_MS * US_PER_MS
+    # Each kernel name's first run in the trace, and the correlation id of its launch.
+    names = columns.kernel_name_id
+    earliest = np.full(len(columns.kernel_name_table), np.inf)
+    np.minimum.at(earliest, names, columns.kernels.start)
+    opening = columns.kernels.start == earliest[names]
+    first = np.isin(columns.runtime_correlation[index], columns.kernel_correlation[opening])
+    median_us = float(np.median(duration[calls]))
+    found = []
+    for i, is_long, is_first in zip(index.tolist(), long.tolist(), first.tolist()):
+        if is_long or is_first:
+            kernel = np.flatnonzero(columns.kernel_correlation == columns.runtime_correlation[i])
+            found.append({**init_span(
+                "long_launch" if is_long else "first_launch",
+                columns.kernel_name_table[columns.kernel_name_id[kernel[0]]] if kernel.size
+                else "a launch call", runtime.start[i], runtime.end[i]),
+                "median_launch_us": median_us})
+    return found
+
+
+def own_time(columns: TraceColumns, i: int) -> tuple[float, np.ndarray]:
+    """Operator i's own time (µs): its span less the operators and runtime calls it holds on its
+    thread (an operator with the very same span is the same call, one level of a chain:
+    aten::linear > aten::addmm in a trace of whole µs); and the indices of those runtime calls."""
+    ops, runtime = columns.cpu_ops, columns.runtime
+    start, end, thread = ops.start[i], ops.end[i], columns.cpu_op_thread[i]
+    held = np.flatnonzero((ops.start >= start) & (ops.end <= end))  # then the few on its thread
+    held = held[(columns.cpu_op_thread[held] == thread)
+                & ((ops.start[held] > start) | (ops.end[held] < end))]
+    calls = np.flatnonzero((runtime.start >= start) & (runtime.end <= end))
+    calls = calls[columns.runtime_thread[calls] == thread]
+    inner = merge(concat(Spans(ops.start[held], ops.end[held]),
+                         Spans(runtime.start[calls], runtime.end[calls])))
+    return float(end - start - covered_length(inner, [start], [end])[0]), calls
+
+
+def held_runtime_us(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
+    """For each of these calls of one operator (sorted by start; calls of one name on one thread
+    do not overlap), the time of the runtime calls on its thread inside it (they do not overlap
+    either)."""
+    ops, runtime = columns.cpu_ops, columns.runtime
+    held = np.zeros(index.size)
+    thread = columns.cpu_op_thread[index]
+    for tid in np.unique(thread).tolist():
+        mine = np.flatnonzero(thread == tid)
+        start, end = ops.start[index[mine]], ops.end[index[mine]]
+        calls = np.flatnonzero(columns.runtime_thread == tid)
+        k = np.searchsorted(start, runtime.start[calls], side="right") - 1  # the op started last
+        inside = (k >= 0) & (runtime.end[calls] <= end[np.maximum(k, 0)])
+        held[mine] = np.bincount(k[inside], weights=(runtime.end - runtime.start)[calls[inside]],
+                                 minlength=mine.size)
+    return held
+
+
+def first_calls(columns: TraceColumns, host: Spans) -> list[dict]:
+    """Operators' first calls that stand out (stands_out; a single call against the GPU time of
+    the kernels it launched) and enqueue GPU work. Only operators INIT_FIRST_CALL_MIN_MS long are
+    looked at, one name at a time (a few in a steady-state trace), the cheap tests first: a
+    comparison of names runs over the calls long enough to matter before it runs over all."""
+    ops, runtime = columns.cpu_ops, columns.runtime
+    if not ops.size or not runtime.size:
+        return []
+    low, high = host.start[0], host.end[-1]
+    in_window = (ops.start >= low) & (ops.start < high)
+    if columns.cpu_op_is_region.size:  # the harness's regions written as operators (2021)
+        in_window &= ~columns.cpu_op_is_region
+    duration = ops.end - ops.start
+    long = np.flatnonzero(in_window & (duration >= INIT_FIRST_CALL_MIN_MS * US_PER_MS))
+    names = columns.cpu_op_names
+    found, seen = [], set()
+    for i in long[np.argsort(ops.start[long], kind="stable")].tolist():
+        name = names[i]
+        if name in seen:
+            continue
+        seen.add(name)
+        own, inside = own_time(columns, i)
+        if own < INIT_FIRST_CALL_MIN_MS * US_PER_MS or not columns.runtime_enqueues[inside].any():
+            continue
+        # The other calls long enough to come within the factor of it (own time is at most a
+        # span), and their own time at most: less the runtime calls they hold (not the
+        # operators: an upper bound is enough to tell a first call that stands out).
+        rivals = np.flatnonzero(in_window & (INIT_FIRST_CALL_RATIO * duration >= own))
+        rivals = rivals[(names[rivals] == name) & (rivals != i)]
+        rivals = rivals[np.argsort(ops.start[rivals], kind="stable")]
+        rival_us = duration[rivals] - held_runtime_us(columns, rivals)
+        step = step_of(host, ops.start[np.r_[i, rivals]])
+        if (ops.start[rivals] < ops.start[i]).any() or (
+                INIT_FIRST_CALL_RATIO * rival_us[step[1:] > step[0]] >= own).any():
+            continue  # not its first call, or a later step pays as much: steady state
+        if (names[in_window & (ops.start < ops.start[i])] == name).any():
+            continue  # a shorter call of it came first
+        later = np.flatnonzero(in_window & (ops.start >= ops.start[i]) & (names == name))
+        later = later[later != i]
+        later = later[np.argsort(ops.start[later], kind="stable")]
+        if later.size:
+            compared = float(np.median(duration[later] - held_runtime_us(columns, later)))
+            if own < INIT_FIRST_CALL_RATIO * compared:
+                continue
+        else:  # called once: against the GPU time of what it launched
+            gpu, correlation = gpu_ops(columns)
+            launched = np.isin(correlation, columns.runtime_correlation[inside])
+            compared = float((gpu.end - gpu.start)[launched].sum())
+            if own < INIT_FIRST_CALL_RATIO * compared:
+                continue
+        if not any(span["start_us"] == ops.start[i] and span["end_us"] == ops.end[i]
+                   for span in found):  # the same call, one level of a chain
+            found.append({**init_span("first_call", str(name), ops.start[i], ops.end[i]),
+                          "own_ms": own / US_PER_MS, "later_median_ms": (
+                              compared / US_PER_MS if later.size else None),
+                          "kernel_ms": None if later.size else compared / US_PER_MS})
+    return found
+
+
+def compile_spans(columns: TraceColumns, host: Spans) -> list[dict]:
+    """torch.compile's record_function ranges (COMPILE_MARKER) that reach into the host steps,
+    outermost only (they nest)."""
+    names = columns.annotation_names.tolist()
+    marked = np.fromiter((COMPILE_MARKER in str(name) for name in names), bool, len(names))
+    spans = columns.annotations
+    marked &= (spans.end > host.start[0]) & (spans.start < host.end[-1])
+    index = np.flatnonzero(marked)
+    if not index.size:
+        return []
+    index = index[np.lexsort((-spans.end[index], spans.start[index]))]  # outer ones first
+    found, reach = [], -np.inf
+    for i in index.tolist():
+        if spans.end[i] > reach:  # not inside the last outermost range
+            found.append(init_span("compile", str(names[i]), spans.start[i], spans.end[i]))
+            reach = spans.end[i]
+    return found
+
+
+def first_collectives(columns: TraceColumns, host: Spans, steps: Spans) -> list[dict]:
+    """The first collective call on the CPU (in the host steps) and the first collective kernel
+    (in the window), where it stands out from the later ones (stands_out; one alone does not)."""
+    found = []
+    calls = columns.collective_spans  # sorted by start
+    keep = (calls.start >= host.start[0]) & (calls.start < host.end[-1])
+    groups = [("a collective call", Spans(calls.start[keep], calls.end[keep]), host)]
+    kernel_names = columns.kernel_name_table
+    collective_ids = [k for k, name in enumerate(kernel_names) if is_collective_kernel(name)]
+    if collective_ids:
+        kernels = columns.kernels
+        mine = np.isin(columns.kernel_name_id, collective_ids) & (
+            kernels.start >= steps.start[0]) & (kernels.start < steps.end[-1])
+        index = np.flatnonzero(mine)
+        index = index[np.argsort(kernels.start[index], kind="stable")]
+        if index.size:
+            groups.append((kernel_names[columns.kernel_name_id[index[0]]],
+                           Spans(kernels.start[index], kernels.end[index]), steps))
+    for name, spans, steps_of_group in groups:
+        if spans.size < 2:
+            continue
+        duration = spans.end - spans.start
+        step = step_of(steps_of_group, spans.start)
+        if stands_out(float(duration[0]), duration[1:], step[1:] > step[0]):
+            found.append({**init_span("first_collective", name, spans.start[0], spans.end[0]),
+                          "later_median_ms": float(np.median(duration[1:])) / US_PER_MS})
+    return found
+
+
+def initialization_regime(columns: TraceColumns, host: Spans, steps: Spans) -> dict | None:
+    """The initialization in the window (the kinds above), None without any: `spans` (kind, name,
+    start_us, end_us, ms; by start), `ms_by_kind` (each kind's union in the window), `pct` (the
+    union of all ÷ the window, %), `ends_at_us` (the end of the last span; None when none ends
+    inside the window), `steady_pct` (the share of the window after it, %), `first_steady_step`
+    (the first ProfilerStep#N that starts at or after it, 0-based; None without), `mostly`
+    (pct >= INIT_MOSTLY_MIN_PCT), `steady_window_us` ([ends_at_us, window end] where steady_pct
+    >= INIT_STEADY_MIN_PCT and not mostly, else None), `one_step_capture` (no ProfilerStep#N, or
+    one), `evidence` (lines) and `fix`. `host`: the ProfilerStep#N spans (trace_steps.host_steps);
+    `steps`: the same extended to their GPU work (the window)."""
+    low, high = float(steps.start[0]), float(steps.end[-1])
+    span = high - low
+    if span <= 0:
+        return None
+    found = [item for item in (setup_calls(columns, host) + slow_launches(columns, host)
+                               + first_calls(columns, host) + compile_spans(columns, host)
+                               + first_collectives(columns, host, steps))
+             if item["end_us"] > low and item["start_us"] < high]
+    if not found:
+        return None
+    found.sort(key=lambda item: (item["start_us"], -item["end_us"]))
+    start = np.array([item["start_us"] for item in found])
+    end = np.array([item["end_us"] for item in found])
+    kind = np.array([item["kind"] for item in found])
+    ms_by_kind = {name: union_in(Spans(start[kind == name], end[kind == name]), low, high)
+                  / US_PER_MS for name in INIT_KINDS if (kind == name).any()}
+    init_ms = union_in(Spans(start, end), low, high) / US_PER_MS
+    pct = 100.0 * init_ms * US_PER_MS / span
+    last = float(end.max())
+    ends_at = last if last < high else None
+    steady_pct = 100.0 * (high - ends_at) / span if ends_at is not None else 0.0
+    mostly = pct >= INIT_MOSTLY_MIN_PCT
+    first_steady = None
+    if ends_at is not None and columns.steps.size:
+        later = np.flatnonzero(host.start >= ends_at)
+        first_steady = int(later[0]) if later.size else None
+    one_step = host.size == 1
+    result = {
+        "spans": found, "ms_by_kind": ms_by_kind, "ms": init_ms, "pct": pct,
+        "ends_at_us": ends_at, "steady_pct": steady_pct, "first_steady_step": first_steady,
+        "mostly": mostly,
+        "steady_window_us": ([ends_at, high] if not mostly and steady_pct >= INIT_STEADY_MIN_PCT
+                             else None),
+        "one_step_capture": one_step}
+    result["evidence"] = initialization_evidence(result, columns, low)
+    result["fix"] = initialization_fix(ms_by_kind)
+    return result
+
+
+def span_detail(span: dict) -> str:
+    """What one span's evidence adds to its length, by kind."""
+    if span["kind"] in ("long_launch", "first_launch"):
+        return f"; launch calls take {span['median_launch_us']:.1f} us at the median"
+    if span["kind"] == "first_call":
+        versus = (f"its later calls at most {span['later_median_ms']:.2f} ms at the median"
+                  if span["later_median_ms"] is not None
+                  else f"the kernels it launched {span['kernel_ms']:.2f} ms")
+        return f", {span['own_ms']:,.1f} ms of it its own; {versus}"
+    if span["kind"] == "first_collective":
+        return f"; the later ones {span['later_median_ms']:.2f} ms at the median"
+    return ""
+
+
+def initialization_evidence(found: dict, columns: TraceColumns, low: float) -> list[str]:
+    """One line per kind found (its time in the window, how many spans, the longest with what
+    sets it apart), then where the steady state begins and, for a one-step window, how it was
+    recorded. Kinds overlap (a first call holds the set-up calls it makes): their times need not
+    add up to the union."""
+    lines = []
+    for name, ms in found["ms_by_kind"].items():
+        mine = [item for item in found["spans"] if item["kind"] == name]
+        longest = max(mine, key=lambda item: item["ms"])
+        lines.append(f"{INIT_KIND_WORDS[name]}: {ms:,.1f} ms in {len(mine)} "
+                     f"span{'s' * (len(mine) > 1)}, the longest {longest['name'][:80]} "
+                     f"({longest['ms']:,.1f} ms at {(longest['start_us'] - low) / US_PER_MS:,.1f}"
+                     f" ms into the window{span_detail(longest)})")
+    if found["ends_at_us"] is None:
+        lines.append("no steady state follows it in the window")
+    else:
+        lines.append(f"the last ends {(found['ends_at_us'] - low) / US_PER_MS:,.1f} ms into the "
+                     f"window; {found['steady_pct']:.1f} % of the window follows it")
+    if found["one_step_capture"]:
+        lines.append("one step recorded" if columns.steps.size else
+                     "no ProfilerStep#N: one call recorded under `with profile():`, no schedule")
+    return lines
+
+
+def initialization_fix(ms_by_kind: dict[str, float]) -> str:
+    """Profile after warm-up, and why, by the kinds found."""
+    why = "; ".join(INIT_FIXES[name] for name in ms_by_kind)
+    return (f"profile the steady state: torch.profiler.profile(schedule=torch.profiler.schedule("
+            f"wait=1, warmup=1, active=3)) with prof.step() after each iteration, or run a few "
+            f"iterations before `with profile():` ({why})")
+
+
+def initialization_regime_warning(found: dict | None) -> str | None:
+    """One line for analyze's warnings: the window's share of initialization, its kinds and
+    where the steady state begins."""
+    if not found:
+        return None
+    kinds = ", ".join(f"{INIT_KIND_WORDS[name].split(' (')[0]} {ms:,.1f} ms"
+                      for name, ms in found["ms_by_kind"].items())
+    after = ("no steady state follows in the window" if found["ends_at_us"] is None else
+             f"{found['steady_pct']:.1f} % of the window follows it")
+    return (f"the window holds initialization, not steady state: {found['pct']:.1f} % of it "
+            f"({found['ms']:,.1f} ms: {kinds}); {after}")
 
 
 # The fixed causes of the GPU's idle time (defined below, "Why the GPU is idle"); a host region's
@@ -168,9 +578,14 @@ def host_regions(columns: TraceColumns) -> HostRegions:
     instants each name holds, innermost first, less the DataLoader's."""
     candidates = columns.annotations
     duration = candidates.end - candidates.start
+    # torch.compile's own ranges ("... (dynamo_timed)": tracing, Inductor's codegen) are compiling,
+    # which initialization_regime counts: no host region of the user's.
+    compiling = np.fromiter((COMPILE_MARKER in str(name)
+                             for name in columns.annotation_names), bool, candidates.size)
     enqueue_starts = np.sort(columns.runtime.start[columns.runtime_enqueues])
     quiet = (np.searchsorted(enqueue_starts, candidates.end, side="left")
-             == np.searchsorted(enqueue_starts, candidates.start, side="left")) & (duration > 0)
+             == np.searchsorted(enqueue_starts, candidates.start, side="left")) & (duration > 0) & (
+        ~compiling)
     outside = np.zeros(candidates.size)
     if quiet.any():  # the operators that overlap a quiet candidate (a few), merged
         reach = merge(Spans(candidates.start[quiet], candidates.end[quiet]))

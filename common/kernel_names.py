@@ -1,6 +1,7 @@
 """What a GPU kernel's name says: whether it is a GEMM, and whether it runs on tensor cores
-(NVIDIA) or matrix cores (AMD). Names are all a trace gives; there is no counter for tensor-core
-instructions in it. Imports no torch."""
+(NVIDIA) or matrix cores (AMD); for a hand-written kernel, the precision its demangled signature
+gives its operands (signature_precision). Names are all a trace gives; there is no counter for
+tensor-core instructions in it. Imports no torch."""
 from __future__ import annotations
 
 import re
@@ -81,7 +82,9 @@ TRTLLM_FP32_INPUTS = re.compile(r"(?:fp32)+")  # fullmatch on the inputs: FP32 m
 # Tensor cores by the type tags above. Most Triton names state no type: those count on tensor
 # cores (as typeless nvjet names do) unless they say f32, so that fp32_matmul never fires on a
 # guess: a BF16 model compiled with max-autotune would otherwise be told to use BF16. Limit: an
-# FP32 model's typeless Triton matmuls are not caught as FP32 math.
+# FP32 model's typeless Triton matmuls are not caught as FP32 math. A name with a C++ signature
+# (matmul_k(float*, ...)) is no Triton kernel: its operand types decide (hand-written kernels,
+# below).
 MATMUL_MARKER = "matmul"
 FP32_TAGS = ("fp32", "f32")
 MATMUL_NON_GEMM_MARKERS = ("finalize_matmul",)
@@ -130,11 +133,133 @@ ATTENTION_TENSOR_CORE_TYPES = ("bfloat16", "half", "bf16", "f16", "fp16", "e4m3"
 PAGED_ATTENTION_MARKER = "paged_attention"
 MFMA_MARKER = "mfma"
 
+# --- Hand-written kernels: operand types from the demangled signature. -------------------------
+# CUPTI records a kernel's demangled C++ name: a hand-written CUDA kernel reads
+# matmul_k(float*, float*, float*, int), a templated one void gemm_kernel<float, 32>(float const*,
+# ...) or void foo<__half, 128>(__half const*, ...). Its parameter list and template arguments name
+# the element types of its operands, where a library's compact names (sm80_xmma_gemm_bf16...,
+# nvjet_tst_...) name them in tags. Integers are sizes, strides and indices, not operands; a type
+# of any other kind (double, 8- or 4-bit, complex) leaves the kernel read as if it had no
+# signature, as is a name with no signature or no floating-point type in it. Only C++ type words
+# are read, as whole words: float (and its vectors float2, float4), the 16-bit floats as CUDA, HIP,
+# PyTorch and CUTLASS/CK spell them (c10::Half reads "half", c10::BFloat16 "bfloat16"). Limits: a
+# name left mangled (_Z8matmul_kPfS_S_i, where demangling failed) is not read; a hand-written
+# kernel whose own name carries a 16-bit tag (gemm_fp16_kernel(__half*, ...)) keeps the tag rule
+# below (tensor cores).
+FP32_OPERAND_TYPES = frozenset({"float", "float1", "float2", "float3", "float4"})
+FP16_OPERAND_TYPES = frozenset({"half", "__half", "half2", "__half2", "__nv_half", "__nv_half2",
+                                "half_t", "_float16", "__fp16"})
+BF16_OPERAND_TYPES = frozenset({"bfloat16", "bfloat16_t", "__nv_bfloat16", "__nv_bfloat162",
+                                "nv_bfloat16", "nv_bfloat162", "__hip_bfloat16", "hip_bfloat16",
+                                "__bf16", "bf16", "bhalf_t"})
+# fullmatch on a word: FP64, 8-bit integers (int8_t demangles to "signed char"), complex, and the
+# 8-, 6- and 4-bit floats (__nv_fp8_e4m3, c10::Float8_e4m3fn, c10::Float4_e2m1fn_x2, ...).
+OTHER_OPERAND_TYPES = re.compile(
+    r"double[1-4]?|u?char\d?|u?int8_t|complex|.*(?:fp8|fp6|fp4|float8|float6|float4_|e4m3|e5m2"
+    r"|e2m1|e3m2|e2m3|e8m0).*")
+TYPE_WORD = re.compile(r"[a-z_][a-z0-9_]*")
+SIGNATURE_START = re.compile(r"[<(]")
+BASE_NAME = re.compile(r"[a-z_][a-z0-9_]*$")  # the function's own name, before the signature
+ANONYMOUS_NAMESPACE = "(anonymous namespace)"
+SIXTEEN_BIT_PRECISIONS = ("fp16", "bf16", "16-bit")  # what signature_precision says of 16-bit
+# Libraries whose C++ names carry types and their own tensor-core rules (above): CUTLASS and CuTe
+# (tensorop, simt, gmma, their MMA atoms), Composable Kernel (xdl and its types). Their names keep
+# those rules; the signature decides for the rest.
+LIBRARY_TYPED_NAMES = re.compile(rf"{CUTLASS_MARKER}|{XDL_MARKER}|(?<![a-z0-9_])(?:cute|ck)::")
+# A hand-written kernel on the tensor cores says so in its name, or it is plain FMA math on the
+# CUDA cores whatever its type (a half kernel without MMA instructions runs FP16 FMAs): the WMMA
+# API (nvcuda::wmma, rocWMMA), "tensor core", "mma" or AMD's "mfma" as a word (mma_sync, gemm_mma,
+# mfma_gemm), or a PTX MMA shape (m16n8k16; AWQ's gemm_forward_4bit_cuda_m16nXk32).
+HANDWRITTEN_TENSOR_CORE_PATTERN = re.compile(
+    r"wmma|tensor_?core|(?<![a-z0-9])(?:mma|mfma|m(?:8|16|32|64)n(?:\d+|x)k\d+)(?![a-z0-9])")
+# A hand-written GEMM under another name than gemm/matmul (is_gemm below): "mm" or "bmm" as a word
+# of the function's own name (mm_kernel, tiled_mm), the CUDA samples' matrixMul (matrixMulCUDA),
+# mat_mul. Only with a signature whose operand types read as FP32 or 16-bit: a name with no types
+# stays as it was (no GEMM).
+HANDWRITTEN_GEMM_WORDS = frozenset({"mm", "bmm"})
+HANDWRITTEN_GEMM_MARKERS = ("matrixmul", "mat_mul")
+
+
+def _signature(lowered: str) -> tuple[str, str] | None:
+    """(what comes before the signature: return type, namespaces, the function's name; the
+    signature: template arguments and parameters) of a lowercased name; None for a name with
+    neither."""
+    lowered = lowered.replace(ANONYMOUS_NAMESPACE, "anonymous_namespace")
+    start = SIGNATURE_START.search(lowered)
+    return (lowered[:start.start()], lowered[start.start():]) if start else None
+
+
+def signature_precision(name: str) -> str | None:
+    """The operands' precision from a demangled signature's types (see above): "fp32" (float
+    only), "fp16", "bf16" or "16-bit" (both; with or without float, as an accumulator or a
+    scale), else None."""
+    lowered = name.lower()
+    signature = _signature(lowered)
+    if signature is None:
+        return None
+    kinds = set()
+    for word in TYPE_WORD.findall(signature[1]):
+        if word in FP32_OPERAND_TYPES:
+            kinds.add("fp32")
+        elif word in FP16_OPERAND_TYPES:
+            kinds.add("fp16")
+        elif word in BF16_OPERAND_TYPES:
+            kinds.add("bf16")
+        elif OTHER_OPERAND_TYPES.fullmatch(word):
+            return None  # mixed with a type these rules leave alone
+    if kinds == {"fp32"}:
+        return "fp32"
+    sixteen = kinds - {"fp32"}
+    if not sixteen:
+        return None
+    return sixteen.pop() if len(sixteen) == 1 else "16-bit"
+
+
+def _handwritten_precision(lowered: str) -> str | None:
+    """signature_precision, for a name no library rule reads (LIBRARY_TYPED_NAMES)."""
+    return None if LIBRARY_TYPED_NAMES.search(lowered) else signature_precision(lowered)
+
+
+def _handwritten_gemm_name(lowered: str, markers: tuple[str, ...] = HANDWRITTEN_GEMM_MARKERS
+                            ) -> bool:
+    """Whether the function's own name (before its signature) holds one of `markers` or one of
+    HANDWRITTEN_GEMM_WORDS as a word."""
+    if "mm" not in lowered and not any(marker in lowered for marker in markers):
+        return False  # most names: no regex to run
+    signature = _signature(lowered)
+    base = BASE_NAME.search(signature[0].rstrip()) if signature else None
+    if base is None:
+        return False
+    base = base.group()
+    return (any(marker in base for marker in markers)
+            or not HANDWRITTEN_GEMM_WORDS.isdisjoint(re.split(r"[^a-z]+", base)))
+
+
+# Which GEMMs are one's own: named matmul, mm, bmm, matrixMul or mat_mul, with a signature, and
+# no library's. What fp32_matmul's fix reads (torch.autocast does not change a kernel's own types).
+# Library kernels named gemm carry signatures too, on the CUDA cores and reached by autocast
+# (cuBLAS's sgemm_largek_lds64(float*, ...), gemmSN_TN_kernel<float, ...>, magma_sgemmEx_kernel,
+# cuDNN's implicit_convolve_sgemm, FBGEMM's): a name with gemm alone is not counted as one's own.
+HANDWRITTEN_MATMUL_MARKERS = (MATMUL_MARKER, *HANDWRITTEN_GEMM_MARKERS)
+
+
+def handwritten_gemm_precision(name: str) -> str | None:
+    """signature_precision of a GEMM named as one's own kernels are (see above); None for any
+    other kernel."""
+    lowered = name.lower()
+    if (LIBRARY_TYPED_NAMES.search(lowered)
+            or any(marker in lowered for marker in MATMUL_NON_GEMM_MARKERS)
+            or not _handwritten_gemm_name(lowered, HANDWRITTEN_MATMUL_MARKERS)):
+        return None
+    return signature_precision(lowered)
+
+
 # --- GEMM-like kernels: cuBLAS/CUTLASS GEMMs (sgemm, hgemm, s16816gemm, xmma_gemm), cuDNN and
 # MIOpen implicit-GEMM convolutions (igemm_...), Hopper gmma and nvjet kernels, CK xdl kernels;
-# and, above, Tensile's Cijk_, trtllm-gen's bmm_, Triton matmuls and Inductor's mm templates.
-# Limits: direct convolutions, FFTs, attention and hand-written kernels are not recognised; a
-# future naming scheme needs a new marker.
+# and, above, Tensile's Cijk_, trtllm-gen's bmm_, Triton matmuls and Inductor's mm templates,
+# and hand-written kernels named gemm, matmul, mm, bmm or matrixMul whose signature gives FP32 or
+# 16-bit operands. Limits: direct convolutions, FFTs, attention and other hand-written kernels are
+# not recognised; a future naming scheme needs a new marker.
 GEMM_MARKERS = ("gemm", "gmma", "nvjet", XDL_MARKER)
 
 
@@ -146,7 +271,9 @@ def is_gemm(name: str) -> bool:
         return True
     if MATMUL_MARKER in name and not any(marker in name for marker in MATMUL_NON_GEMM_MARKERS):
         return True
-    return INDUCTOR_TEMPLATE_PREFIX in name and not INDUCTOR_GEMM_OPS.isdisjoint(name.split("_"))
+    if INDUCTOR_TEMPLATE_PREFIX in name and not INDUCTOR_GEMM_OPS.isdisjoint(name.split("_")):
+        return True
+    return _handwritten_gemm_name(name) and signature_precision(name) is not None
 
 
 def uses_tensor_cores(name: str) -> bool:
@@ -179,8 +306,14 @@ def uses_tensor_cores(name: str) -> bool:
     if not is_gemm(lowered):
         return False
     kinds = TENSOR_CORE_TYPES + (CK_TENSOR_CORE_TYPES if XDL_MARKER in lowered else ())
-    if any(kind in lowered for kind in kinds):
+    handwritten = _handwritten_precision(lowered) is not None
+    # A hand-written kernel's type words (a struct bf16) are no library's tags: only tags in its
+    # own name count (gemm_fp16_kernel(...), read as before).
+    tagged = _signature(lowered)[0] if handwritten else lowered
+    if any(kind in tagged for kind in kinds):
         return True
+    if handwritten:  # not a Triton name: its types and its name's markers, no guess
+        return bool(HANDWRITTEN_TENSOR_CORE_PATTERN.search(lowered))
     triton = MATMUL_MARKER in lowered or lowered.startswith(INDUCTOR_TEMPLATE_PREFIX)
     return triton and not any(tag in lowered for tag in FP32_TAGS)  # no type: not FP32 by guess
 
@@ -191,7 +324,9 @@ def uses_tensor_cores(name: str) -> bool:
 # (uses_tensor_cores) and its name says tf32 (cuDNN's "..._implicit_gemm_f32f32_tf32f32_f32_...",
 # cuBLAS's "sm80_xmma_gemm_..._tf32...", nvjet's "nvjet_sss_tf32_..."), or it is CUTLASS's FP32
 # GEMM on the TF32 instruction, m16n8k8 ("cutlass_80_tensorop_s1688gemm_...", the "s" for single:
-# no narrower type tag in the name), or a Tensile kernel whose input is xfloat32 (MI300's TF32).
+# no narrower type tag in the name), or a Tensile kernel whose input is xfloat32 (MI300's TF32), or
+# a hand-written kernel on the tensor cores whose signature gives only float operands (WMMA and
+# mma.sync take FP32 inputs only as TF32).
 CUTLASS_TF32_PATTERN = re.compile(r"tensorop_s1688")
 NARROW_TYPES = tuple(kind for kind in TENSOR_CORE_TYPES if kind != TF32_MARKER)
 
@@ -205,6 +340,8 @@ def uses_tf32(name: str) -> bool:
     if tensile:
         return tensile["types"].startswith("x")
     if TF32_MARKER in lowered:
+        return True
+    if _handwritten_precision(lowered) == "fp32":
         return True
     return bool(CUTLASS_TF32_PATTERN.search(lowered)) and not any(
         kind in lowered for kind in NARROW_TYPES)

@@ -8,7 +8,14 @@ import numpy as np
 from common.communication import collective_kernels
 from common.idle_causes import HostRegions, idle_by_cause_pct, unrecorded_work
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
-from common.kernel_names import is_gemm, uses_tensor_cores, uses_tf32
+from common.kernel_names import (
+    SIXTEEN_BIT_PRECISIONS,
+    handwritten_gemm_precision,
+    is_gemm,
+    signature_precision,
+    uses_tensor_cores,
+    uses_tf32,
+)
 from common.syncs import HostSyncs, host_syncs, sync_metrics
 from common.trace import BYTES_PER_MB
 from common.trace_columns import (
@@ -72,26 +79,69 @@ def same_data(down: float, up: float) -> bool:
             and max(down, up) / min(down, up) <= ROUND_TRIP_SIZE_RATIO_MAX)  # NaN: False
 
 
+BYTES_PER_GB = 1e9  # decimal, as MB (trace.BYTES_PER_MB) and Kineto's "memory bandwidth (GB/s)"
+US_PER_S = 1e6
+
+
+def host_memory_pct(columns: TraceColumns, copies: np.ndarray, duration_us: np.ndarray
+                    ) -> tuple[float | None, float | None]:
+    """Of these copies' time on the GPU, the shares (%) that copied from or to pinned and pageable
+    host memory, as each copy's name says (trace_columns.PINNED_MARKER, PAGEABLE_MARKER); the
+    rest names neither (ROCm's "Host", CUPTI's "Unknown" or "Managed", older Kineto's bare "Memcpy
+    HtoD"). (None, None) where no copy names either: not a guess. Of time, not bytes: every copy
+    has a duration, a trace without "bytes" too, so the share has one definition everywhere; and
+    time is what pinning saves (pageable copies ran 7.8 GB/s against pinned ones' 54 on the H100,
+    dataloader_workers bad and fixed: 5 % of the bytes from pageable memory is about a quarter
+    of the time)."""
+    if not copies.size:
+        return None, None
+    pinned = columns.memcpy_pinned
+    pinned, pageable = pinned[copies], columns.memcpy_pageable[copies]
+    time = float(duration_us.sum())
+    if not (pinned | pageable).any() or time <= 0:
+        return None, None
+    return (100.0 * float(duration_us[pinned].sum()) / time,
+            100.0 * float(duration_us[pageable].sum()) / time)
+
+
+def achieved_gb_per_s(size_of: np.ndarray, duration_us: np.ndarray) -> float | None:
+    """Bytes over time on the GPU, of the copies whose bytes the trace writes (GB/s, GB = 10^9
+    bytes): Kineto's per-copy "memory bandwidth (GB/s)" averaged over the copies, each weighted
+    by its time. None without bytes or time. Small copies measure latency, not bandwidth: a
+    4-byte .item() copy of 1.6 µs reads 0.0025 GB/s."""
+    known = ~np.isnan(size_of)
+    time_us = float(duration_us[known].sum())
+    if not known.any() or time_us <= 0:
+        return None
+    return float(size_of[known].sum()) / BYTES_PER_GB / (time_us / US_PER_S)
+
+
 def copy_metrics(columns: TraceColumns, copied: tuple[np.ndarray, np.ndarray],
                  runtime_step: np.ndarray, n_steps: int) -> dict:
     """Per step, the copies each way (count, MB where the trace writes their bytes, ms on the
-    GPU) and the round trips: a device-to-host copy answered, later in the same step, by a
-    host-to-device one of about its size (ROUND_TRIP_SIZE_RATIO_MAX; data taken to the host and
-    sent back: .cpu() -> numpy -> .to(device), .tolist() -> torch.tensor(list, device=...)),
-    each copy down paired once."""
+    GPU), and of them the shares of their time from or to pinned and pageable host memory
+    (host_memory_pct) and the GB/s they ran at (achieved_gb_per_s); and the round trips: a
+    device-to-host copy answered, later in the same step, by a host-to-device one of about its
+    size (ROUND_TRIP_SIZE_RATIO_MAX; data taken to the host and sent back: .cpu() -> numpy ->
+    .to(device), .tolist() -> torch.tensor(list, device=...)), each copy down paired once."""
     calls, copies = copied  # copy_calls'
-    duration_ms = (columns.memcpy.end - columns.memcpy.start)[copies] / US_PER_MS
+    duration_us = (columns.memcpy.end - columns.memcpy.start)[copies]
+    duration_ms = duration_us / US_PER_MS
     size_of = sizes(columns, copies)
     megabytes = size_of / BYTES_PER_MB
     per_direction = {}
     for direction, mask in (("h2d", columns.memcpy_h2d[copies]),
                             ("d2h", columns.memcpy_d2h[copies])):
         known = mask & ~np.isnan(megabytes)
+        pinned_pct, pageable_pct = host_memory_pct(columns, copies[mask], duration_us[mask])
         per_direction[direction] = {
             "count": float(mask.sum()) / n_steps,
             "mb": float(megabytes[known].sum()) / n_steps if known.any() or not mask.any()
             else None,
-            "ms": float(duration_ms[mask].sum()) / n_steps}
+            "ms": float(duration_ms[mask].sum()) / n_steps,
+            "pinned_pct": pinned_pct,
+            "pageable_pct": pageable_pct,
+            "gb_per_s": achieved_gb_per_s(size_of[mask], duration_us[mask])}
     round_trips = 0
     step_of = runtime_step[calls]
     for step in np.unique(step_of):
@@ -208,6 +258,14 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     tf32 = np.array([uses_tf32(n) for n in table], dtype=bool)[name_id]
     gemm = np.array([is_gemm(n.lower()) for n in table], dtype=bool)[name_id]
     gemm_time = float(duration[gemm].sum())
+    # Off the tensor cores, a GEMM whose demangled signature gives 16-bit operands runs FP16/BF16
+    # math on the CUDA cores, no FP32 math; a kernel of one's own whose signature gives only
+    # float operands runs FP32 math that autocast does not change (kernel_names).
+    off_tensor_cores = gemm & ~tensor_core
+    cuda_core_16bit = off_tensor_cores & np.array(
+        [signature_precision(n) in SIXTEEN_BIT_PRECISIONS for n in table], dtype=bool)[name_id]
+    handwritten_fp32 = off_tensor_cores & np.array(
+        [handwritten_gemm_precision(n) == "fp32" for n in table], dtype=bool)[name_id]
 
     in_steps = runtime_step >= 0
     launch_time = float((columns.runtime.end - columns.runtime.start)[
@@ -278,9 +336,18 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "kernel_ms_per_step": kernel_time / US_PER_MS / n_steps,
         "launch_ms_per_step": launch_time / US_PER_MS / n_steps,
         "gemm_pct": share(gemm_time, kernel_time),
-        "non_tensor_core_gemm_pct": share(float(duration[gemm & ~tensor_core].sum()), kernel_time),
+        "non_tensor_core_gemm_pct": share(float(duration[off_tensor_cores].sum()), kernel_time),
+        # Of it: GEMMs of 16-bit operands (not what fp32_matmul reads), and one's own FP32 GEMMs
+        # with the one that takes the most time (null without).
+        "cuda_core_16bit_gemm_pct": share(float(duration[cuda_core_16bit].sum()), kernel_time),
+        "handwritten_fp32_gemm_pct": share(float(duration[handwritten_fp32].sum()), kernel_time),
+        "handwritten_fp32_gemm_top": (
+            table[int(np.bincount(name_id[handwritten_fp32], weights=duration[handwritten_fp32],
+                                  minlength=len(table)).argmax())]
+            if handwritten_fp32.any() else None),
         # syncs_per_step, syncs_by_cause_per_step, sync_idle_pct (and by cause), sync sources
-        **sync_metrics(syncs, busy, low, high, n_steps),
+        **sync_metrics(syncs, busy, low, high, n_steps,
+                       None if steps is None else steps.end),
         **copy_metrics(columns, copied, runtime_step, n_steps),
         "idle_by_cause_pct": idle,
     }

@@ -203,19 +203,34 @@ def sync_idle_us(sync_ends: np.ndarray, busy: Spans, low: float, high: float) ->
     return credit
 
 
-def sync_metrics(syncs: HostSyncs, busy: Spans, low: float, high: float, n_steps: int) -> dict:
+def ends_its_step(sync_ends: np.ndarray, step_ends: np.ndarray, busy: Spans) -> np.ndarray:
+    """Per sync, whether the GPU idle gap it returns in lasts past the end of its host step
+    (`step_ends`, each sync's): the GPU's next op is the next step's, so what it waits for after
+    the sync is the host's own work between steps (Python, the next batch, logging), not the
+    sync. A sync that returns while the GPU is busy: False."""
+    k = gap_of(sync_ends, busy)
+    gap_end = np.r_[busy.start, np.inf][np.maximum(k, 0)]
+    return (k >= 0) & (gap_end > step_ends)
+
+
+def sync_metrics(syncs: HostSyncs, busy: Spans, low: float, high: float, n_steps: int,
+                 step_ends: np.ndarray | None = None) -> dict:
     """Syncs per step (all, and by cause), GPU idle in the gaps they return in, and the operators
-    that issued them."""
+    that issued them. With the host steps' ends (`step_ends`, by step index), the part of that
+    idle in gaps that outlast their step (ends_its_step), by cause."""
     in_steps = syncs.step >= 0
     idle = sync_idle_us(syncs.end[in_steps], busy, low, high)
+    final = (ends_its_step(syncs.end[in_steps], step_ends[syncs.step[in_steps]], busy)
+             if step_ends is not None else np.zeros(idle.size, bool))
     cause = syncs.cause[in_steps]
     sources = [s for s, inside in zip(syncs.source, in_steps.tolist()) if inside]
     span = high - low
-    by_cause, idle_by_cause, sources_by_cause = {}, {}, {}
+    by_cause, idle_by_cause, sources_by_cause, final_by_cause = {}, {}, {}, {}
     for index, name in enumerate(SYNC_CAUSES):
         mine = cause == index
         by_cause[name] = float(mine.sum()) / n_steps
         idle_by_cause[name] = 100.0 * float(idle[mine].sum()) / span if span > 0 else 0.0
+        final_by_cause[name] = 100.0 * float(idle[mine & final].sum()) / span if span > 0 else 0.0
         counts = Counter(s for s, chosen in zip(sources, mine.tolist()) if chosen)
         sources_by_cause[name] = {s: n / n_steps for s, n in counts.most_common(SYNC_SOURCES_SHOWN)}
     data_dependent = sum(source in DATA_DEPENDENT_OPS for source in sources)
@@ -224,4 +239,6 @@ def sync_metrics(syncs: HostSyncs, busy: Spans, low: float, high: float, n_steps
             "syncs_by_cause_per_step": by_cause,
             "sync_idle_pct": 100.0 * float(idle.sum()) / span if span > 0 else 0.0,
             "sync_idle_pct_by_cause": idle_by_cause,
+            # Of it, the gaps that outlast the sync's step: the host's own work between steps.
+            "step_end_sync_idle_pct_by_cause": final_by_cause,
             "sync_sources_per_step": sources_by_cause}

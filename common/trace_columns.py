@@ -140,10 +140,13 @@ HIP_API_PREFIX = "hip"  # runtime calls named hip*: a ROCm (AMD GPU) trace
 SYNC_CATEGORIES = {"cuda_sync"}
 HOST_SYNC_KINDS = ("Stream Sync", "Event Sync", "Context Sync")
 # Kineto names copies "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pageable)",
-# "Memcpy HtoD (Pinned -> Device)"; ROCm writes "Memcpy HtoD (Host -> Device)".
+# "Memcpy HtoD (Pinned -> Device)" (libkineto's memoryKindString: Pageable, Pinned, Managed,
+# Unknown, ...); ROCm writes "Memcpy HtoD (Host -> Device)", older Kineto "Memcpy HtoD": the host
+# memory not named.
 H2D_MARKER = "HtoD"
 D2H_MARKER = "DtoH"
 PAGEABLE_MARKER = "Pageable"
+PINNED_MARKER = "Pinned"
 MEMORY_EVENT = "[memory]"
 
 
@@ -164,6 +167,8 @@ class TraceColumns:
     runtime_correlation: np.ndarray
     runtime_is_launch: np.ndarray
     runtime_is_sync: np.ndarray
+    runtime_name_id: np.ndarray  # index into runtime_name_table
+    runtime_name_table: list[str]
     steps: Spans  # ProfilerStep#N on the CPU, sorted
     dataloader: Spans
     cpu_ops: Spans  # CPU Exec candidates (not steps, not DataLoader)
@@ -187,6 +192,7 @@ class TraceColumns:
     cpu_op_names: np.ndarray = field(default_factory=lambda: np.empty(0, object))  # cpu_ops'
     memcpy_d2h: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
     memcpy_pageable: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
+    memcpy_pinned: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
     host_syncs: Spans = field(default_factory=Spans.empty)  # cuda_sync, HOST_SYNC_KINDS
     host_sync_correlation: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     hip_runtime: bool = False
@@ -383,6 +389,7 @@ def widen(extent: list[float], spans: Spans) -> None:
 # What a runtime call's name says (Pieces.runtime_by_name): a launch, a sync, a graph launch, a
 # copy or memset.
 LAUNCH_BIT, SYNC_BIT, GRAPH_BIT, COPY_BIT = 1, 2, 4, 8
+NAME_SHIFT = 4  # runtime_by_name's value: the name's number above these bits
 
 
 def read_piece(pieces: Pieces, events: list) -> None:
@@ -428,15 +435,19 @@ def read_piece(pieces: Pieces, events: list) -> None:
             pieces.add("memcpy_h2d", [H2D_MARKER in name for name in names])
             pieces.add("memcpy_d2h", [D2H_MARKER in name for name in names])  # sync attribution
             pieces.add("memcpy_pageable", [PAGEABLE_MARKER in name for name in names])
+            pieces.add("memcpy_pinned", [PINNED_MARKER in name for name in names])
         elif kind == "runtime":
             meaning = pieces.runtime_by_name
             names = names_of(group)
             for name in set(names) - meaning.keys():
+                # The bits, and the name's number in runtime_name_table above them.
                 meaning[name] = (LAUNCH_BIT * name.startswith(LAUNCH_PREFIXES)
                                  | SYNC_BIT * bool(SYNC_PATTERN.match(name))
                                  | GRAPH_BIT * name.startswith(GRAPH_LAUNCH_PREFIXES)
-                                 | COPY_BIT * name.startswith(COPY_PREFIXES))
-            flags = np.fromiter(map(meaning.__getitem__, names), np.int8, len(names))
+                                 | COPY_BIT * name.startswith(COPY_PREFIXES)
+                                 | len(meaning) << NAME_SHIFT)
+            flags = np.fromiter(map(meaning.__getitem__, names), np.int64, len(names))
+            pieces.add("runtime_name_id", flags >> NAME_SHIFT)
             pieces.add("runtime_is_launch", (flags & LAUNCH_BIT).astype(bool))
             pieces.add("runtime_is_sync", (flags & SYNC_BIT).astype(bool))
             pieces.add("runtime_is_graph_launch", (flags & GRAPH_BIT).astype(bool))
@@ -661,6 +672,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         runtime_correlation=pieces.column("runtime_correlation", np.int64),
         runtime_is_launch=pieces.column("runtime_is_launch", bool),
         runtime_is_sync=pieces.column("runtime_is_sync", bool),
+        runtime_name_id=pieces.column("runtime_name_id", np.int64),
+        runtime_name_table=list(pieces.runtime_by_name),
         steps=Spans(np.array([start for _, start, _ in steps], dtype=np.float64),
                     np.array([end for _, _, end in steps], dtype=np.float64)),
         dataloader=dataloader,
@@ -685,6 +698,7 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         python_call_from=pieces.column("python_call_from", object),
         memcpy_d2h=pieces.column("memcpy_d2h", bool),
         memcpy_pageable=pieces.column("memcpy_pageable", bool),
+        memcpy_pinned=pieces.column("memcpy_pinned", bool),
         host_syncs=Spans(pieces.column("host_sync_start"), pieces.column("host_sync_end")),
         host_sync_correlation=pieces.column("host_sync_correlation", np.int64),
         gpu_optimizer=Spans(pieces.column("gpu_optimizer_start"),

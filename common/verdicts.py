@@ -2,6 +2,7 @@
 its evidence, the fix and the demo that shows it."""
 from __future__ import annotations
 
+from common.host_ops import CPU_SHORT_OP_US, HOST_OP_CAUSE_PREFIX
 from common.metrics import SHORT_KERNEL_US
 from common.trace_steps import US_PER_MS
 
@@ -42,9 +43,16 @@ DATA_DEPENDENT_SYNCS_PER_STEP_MIN = 2.0  # syncs from data-dependent operators p
 # when GEMMs *not* on tensor cores are >= 20 % of kernel time: the same when no kernel uses them,
 # and still right when a few (say TF32 convolutions) do while the matmuls run in FP32.
 FP32_GEMM_MIN_PCT = 20.0  # % of kernel time
+# fp32_matmul's fix names one's own kernels (kernel_names.handwritten_gemm_precision: autocast
+# does not change their types) when they hold at least this share of the FP32 GEMM time it read.
+HANDWRITTEN_FP32_FIX_MIN_SHARE = 0.5  # share of the rule's FP32 GEMM time; ours: half or more
 ACTIVATION_MEMORY_MIN_PCT = 85.0  # peak allocated, % of the GPU's memory; peers' rule
 ACTIVATION_MEMORY_HIGH_PCT = 95.0  # % of the GPU: the next larger step is likely out of memory
 H2D_MIN_PCT = 10.0  # % of the window in host-to-device copies no kernel overlaps; peers' rule
+# h2d_copy says "pin" only where pageable copies hold a share of the copy time worth pinning: a
+# tenth, as H2D_MIN_PCT is of the window. Below it the copies are pinned already (a stray
+# pageable scalar, say: 0.4 % of a100_80gb's copy time), and pinning the rest saves less.
+H2D_PAGEABLE_MIN_PCT = 10.0  # % of the host-to-device copy time from pageable memory
 # Optimizer overhead: "high time in optimizer.step: use a fused optimizer" (practitioners'
 # guides); 15 % of the step is issue 14's cut. Per-tensor: no multi-tensor operator
 # (metrics.MULTI_TENSOR_MARKERS) runs in the optimizer region.
@@ -74,6 +82,17 @@ HOST_OVERHEAD_OPERATORS_SHOWN = 3  # operators named in its evidence, by self ti
 # of the window's GPU idle time (on a CPU-only trace: holds this share of the window). A fifth
 # of the window waiting on host work, as the DataLoader's 20 % is a fifth waiting on data.
 HOST_REGION_MIN_PCT = DATALOADER_SHARE_MIN_PCT  # % of the window
+# CPU runs (host_ops.cpu_run_metrics, a CPU-only trace). Operator overhead: the step spends this
+# share of the window making calls rather than in arithmetic (cpu.call_pct: short operators' own
+# time and the short gaps between operators, both under host_ops.CPU_SHORT_OP_US, where eager mode
+# runs each call's Python): half, where the per-call cost sets the pace, as host_overhead's half
+# on a GPU. A compiled step keeps short operators (tiny matmuls at batch 1) but few gaps: the
+# pairs' full CPU runs read 1-43 % on their fixed scripts, 59-66 % on llm_decode/bad and
+# launch_overhead/bad. Python between operators: no operator, DataLoader span, host region or
+# collective call is open for this share of the window; removing it would run the step 1.67x
+# faster. The fixed scripts keep 1-27 % of the window outside operators, host_roundtrip/bad 46 %.
+CPU_CALLS_MIN_PCT = 50.0  # % of the window in short operators and the short gaps between them
+PYTHON_OUTSIDE_OPS_MIN_PCT = 40.0  # % of the window outside operators
 # CUDA graphs: when at least this share of the window's kernels are replayed by graph launches
 # (gpu.graph_kernels_per_step of kernels_per_step: "most"), the step is already captured, and the
 # launch and host fixes speak of the host's work between the replays instead.
@@ -104,12 +123,17 @@ def rule_dataloader(m: dict) -> dict | None:
     pct = m["dataloader_pct"]
     if pct < DATALOADER_SHARE_MIN_PCT:
         return None
+    up = m["gpu"]["copies_per_step"]["h2d"] if m["gpu"] else None
+    pinned = (up is not None and up["pageable_pct"] is not None
+              and up["pageable_pct"] < H2D_PAGEABLE_MIN_PCT)
     return finding(
         "dataloader", severity(pct, DATALOADER_SHARE_MIN_PCT),
         f"data-loading bound: {pct:.0f} % of each step waits on the DataLoader "
         f"(enumerate(DataLoader)#...__next__; rule: >= {DATALOADER_SHARE_MIN_PCT:.0f} %)",
         "prepare batches in worker processes (DataLoader num_workers > 0, persistent_workers, "
-        "prefetch_factor); on a GPU also pin_memory=True and the copy on a side CUDA stream",
+        "prefetch_factor); on a GPU also "
+        + ("the copy on a side CUDA stream (the batches come from pinned memory already)"
+           if pinned else "pin_memory=True and the copy on a side CUDA stream"),
         "dataloader_workers")
 
 
@@ -136,6 +160,34 @@ def rule_host_region(m: dict) -> dict | None:
         f"loop per request), worker processes or threads that run ahead of the step, as "
         f"DataLoader workers do, or overlap it with the GPU's work (prepare the next batch while "
         f"the GPU runs this one)", "tokenizer_bound")
+
+
+def host_work_ops_idle(gpu: dict | None) -> dict[str, float]:
+    """The GPU's idle time caused by host operators that enqueue no GPU work, per operator name
+    (the idle causes host_ops.with_host_work_ops names), largest first."""
+    idle = (gpu or {}).get("idle_by_cause_pct") or {}
+    ops = {cause[len(HOST_OP_CAUSE_PREFIX):]: pct for cause, pct in idle.items()
+           if cause.startswith(HOST_OP_CAUSE_PREFIX)}
+    return dict(sorted(ops.items(), key=lambda item: -item[1]))
+
+
+def rule_host_work_ops(m: dict) -> dict | None:
+    """The GPU waits while the host runs operators that enqueue nothing: inputs made on the CPU
+    every step (torch.randn on the CPU, CPU math, decoding), outside any DataLoader."""
+    ops = host_work_ops_idle(m["gpu"])
+    total = sum(ops.values())
+    if total < HOST_REGION_MIN_PCT:
+        return None
+    named = ", ".join(f"{name} {pct:.1f} %" for name, pct in
+                      list(ops.items())[:HOST_OVERHEAD_OPERATORS_SHOWN])
+    return finding(
+        "host_work_ops", severity(total, HOST_REGION_MIN_PCT),
+        f"host work in operators: the GPU idles {total:.1f} % of the window while the host runs "
+        f"operators that enqueue no GPU work ({named}; rule: >= {HOST_REGION_MIN_PCT:.0f} %)",
+        "the host makes or transforms data on the CPU every step: make the inputs on the device "
+        "(torch.randn(..., device=\"cuda\"), CPU math moved after .to(device)), or move their "
+        "preparation into a DataLoader whose workers prepare the next batch while the GPU runs",
+        "dataloader_workers")
 
 
 def graph_replayed(gpu: dict) -> bool:
@@ -165,7 +217,7 @@ def host_bound_demo(m: dict) -> str | None:
     makes the step capturable (llm_decode). A trace without a backward pass is inference. None
     where the step is already replayed from CUDA graphs: both pairs' fix is in place, and what
     is left (the host's work between the replays) no pair shows."""
-    if graph_replayed(m["gpu"]):
+    if m["gpu"] and graph_replayed(m["gpu"]):
         return None
     return "launch_overhead" if m.get("training", True) else "llm_decode"
 
@@ -248,7 +300,11 @@ def rule_host_sync(m: dict) -> dict | None:
     if not gpu:
         return None
     per_step = sum(gpu["syncs_by_cause_per_step"][cause] for cause in HOST_SYNC_CAUSES)
-    idle = gpu["sync_idle_pct_by_cause"]
+    idle = dict(gpu["sync_idle_pct_by_cause"])
+    mid_step = host_starved(m)
+    if mid_step:  # the gaps after a step's last sync are the host's work: host_overhead's
+        idle = {cause: idle[cause] - gpu["step_end_sync_idle_pct_by_cause"][cause]
+                for cause in idle}
     idle_pct = sum(idle[cause] for cause in HOST_SYNC_CAUSES)
     if per_step < HOST_SYNC_PER_STEP_MIN or idle_pct < HOST_SYNC_IDLE_MIN_PCT:
         return None
@@ -256,7 +312,8 @@ def rule_host_sync(m: dict) -> dict | None:
     evidence = (
         f"host syncs: {per_step:.1f} per step ({reads:.1f} read a value from the GPU; issued by "
         f"{sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.1f} % of the "
-        f"window in the gaps they end in (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and >= "
+        f"window in the gaps they end in" + (" within their steps" if mid_step else "")
+        + f" (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and >= "
         f"{HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
     if idle["value_read"] >= idle["other"]:  # the reads cost the most: name them
         fix = ("keep values on the GPU: no .item(), .cpu(), print(tensor) or `if tensor:` in the "
@@ -311,6 +368,7 @@ def rule_small_batch(m: dict) -> dict | None:
     batch is launch bound too); otherwise rule_launch_overhead names it."""
     gpu = m["gpu"]
     if (not gpu_underfilled(gpu) or rule_dataloader(m) or rule_host_region(m)
+            or rule_host_work_ops(m)
             or rule_host_sync(m)):
         return None
     launch_ratio = launch_to_kernel_ratio(gpu)
@@ -348,11 +406,21 @@ def rule_small_batch(m: dict) -> dict | None:
         evidence, fix, "small_batch")
 
 
+def host_side_idle_pct(gpu: dict) -> float:
+    """The GPU waiting for the host's own work, as a whole: for its next enqueue (idle cause
+    "launch") and, after a sync that ends its step, for the host's work between steps (the
+    gaps syncs.ends_its_step marks; at most the idle split's host-sync share, so that no instant
+    another cause holds counts twice)."""
+    step_end = sum(gpu["step_end_sync_idle_pct_by_cause"].values())
+    return gpu["idle_by_cause_pct"]["launch"] + min(step_end, gpu["idle_by_cause_pct"]["host_sync"])
+
+
 def host_starved(m: dict) -> bool:
-    """The GPU waits for the host's next enqueue HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT of the window
-    or more, and the launch calls do not explain it (launch_to_kernel_ratio: not launch bound)."""
+    """The GPU waits for the host's own work (host_side_idle_pct) HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT
+    of the window or more, and the launch calls do not explain it (launch_to_kernel_ratio: not
+    launch bound)."""
     gpu = m["gpu"]
-    return (bool(gpu) and gpu["idle_by_cause_pct"]["launch"] >= HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT
+    return (bool(gpu) and host_side_idle_pct(gpu) >= HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT
             and launch_to_kernel_ratio(gpu) is None)
 
 
@@ -366,12 +434,16 @@ def rule_host_overhead(m: dict) -> dict | None:
     # small_batch gives way to a named cause (the DataLoader, host syncs), as peers' rule has it.
     if not host_starved(m) or (gpu_underfilled(gpu) and batch_is_small(m)):
         return None
-    waits = gpu["idle_by_cause_pct"]["launch"]
+    waits = host_side_idle_pct(gpu)
+    step_end = waits - gpu["idle_by_cause_pct"]["launch"]
     operators = m.get("host_operators") or []
     launch_ms, kernel_ms = eager_launch_ms(gpu), gpu["kernel_ms_per_step"]
     evidence = (
         f"host bound: the GPU waits {waits:.0f} % of the window for the host to enqueue its next "
-        f"op (utilization {gpu['utilization_pct']:.0f} %), while the launch calls take "
+        f"op"
+        + (f" ({step_end:.0f} % of it after the sync that ends each step, while the host works "
+           f"between steps)" if step_end >= 0.5 else "")
+        + f" (utilization {gpu['utilization_pct']:.0f} %), while the launch calls take "
         f"{launch_ms:.2f} ms/step for {kernel_ms:.2f} ms of kernels"
         + (f" ({gpu['graph_launch_ms_per_step']:.2f} ms in CUDA graph launches aside)"
            if gpu.get("graph_launches_per_step") else "")
@@ -408,6 +480,52 @@ def rule_host_overhead(m: dict) -> dict | None:
                             upper_limit=True), evidence, fix, host_bound_demo(m))
 
 
+def rule_cpu_op_overhead(m: dict) -> dict | None:
+    """A CPU run paced by the per-operator cost: many short operators."""
+    cpu = m.get("cpu")
+    if not cpu or cpu["call_pct"] < CPU_CALLS_MIN_PCT:
+        return None
+    evidence = (
+        f"operator bound on the CPU: {cpu['ops_per_step']:.0f} operators a step, median "
+        f"{cpu['median_op_self_us'] or 0:.1f} us of self time; the step spends "
+        f"{cpu['call_pct']:.1f} % of the window making calls rather than in arithmetic: "
+        f"{cpu['short_op_pct']:.1f} % in operators' own time under {CPU_SHORT_OP_US:.0f} us each, "
+        f"{cpu['short_gap_pct']:.1f} % in gaps under {CPU_SHORT_OP_US:.0f} us between operators "
+        f"(rule: >= {CPU_CALLS_MIN_PCT:.0f} %)")
+    fix = ("fewer, larger operators: torch.compile fuses the small ones into a few kernels; give "
+           "each call more work (a larger batch, several requests at once); replace Python loops "
+           "over small tensors by vectorised ops" + ("; for generation, a static KV cache (no "
+           "torch.cat a token) and a compiled one-token step" if not m["training"] else ""))
+    return finding("cpu_op_overhead", severity(100.0 - cpu["call_pct"], 100.0 - CPU_CALLS_MIN_PCT,
+                                               upper_limit=True),
+                   evidence, fix, host_bound_demo(m))
+
+
+def rule_python_between_ops(m: dict) -> dict | None:
+    """A CPU run whose step is largely outside operators: Python (or native code outside torch)
+    between them, which no other cause names."""
+    cpu = m.get("cpu")
+    if not cpu or cpu["outside_ops_pct"] < PYTHON_OUTSIDE_OPS_MIN_PCT:
+        return None
+    evidence = (f"Python between operators: no PyTorch operator runs {cpu['outside_ops_pct']:.1f} "
+                f"% of the window (the DataLoader, host regions and collective calls aside; rule: "
+                f">= {PYTHON_OUTSIDE_OPS_MIN_PCT:.0f} %)")
+    hot = [frame for frame in ((m.get("python") or {}).get("hot_frames") or []) if frame["user"]]
+    if hot:
+        evidence += "; your hot frames: " + ", ".join(
+            f"{frame['frame']} ({frame['self_ms_per_step']:.2f} ms/step)" for frame in hot)
+        find = "the frames above run it"
+    else:
+        find = ("record with --with-stack (torch.profiler.profile(with_stack=True)) and the "
+                "analyzer names the hot Python frames, or sample the run with py-spy")
+    fix = (f"find the Python between the operators ({find}), then keep the work on tensors: "
+           f"vectorise loops over .tolist() or .item() values, move per-sample Python into a "
+           f"DataLoader or out of the step")
+    return finding("python_between_ops", severity(cpu["outside_ops_pct"],
+                                                  PYTHON_OUTSIDE_OPS_MIN_PCT),
+                   evidence, fix, "host_roundtrip")
+
+
 def rule_exposed_communication(m: dict) -> dict | None:
     gpu = m["gpu"]
     if not gpu or gpu["exposed_comm_pct"] < EXPOSED_COMM_MIN_PCT:
@@ -431,19 +549,31 @@ def matrix_units(m: dict) -> str:
 
 def rule_fp32_matmul(m: dict) -> dict | None:
     gpu = m["gpu"]
-    if not gpu or gpu["non_tensor_core_gemm_pct"] < FP32_GEMM_MIN_PCT:
+    if not gpu:
+        return None
+    # GEMMs off the tensor cores, less those whose signature gives 16-bit operands (FP16/BF16
+    # math on the CUDA cores: no FP32 math to cast down)
+    pct = gpu["non_tensor_core_gemm_pct"] - gpu.get("cuda_core_16bit_gemm_pct", 0.0)
+    if pct < FP32_GEMM_MIN_PCT:
         return None
     units = matrix_units(m)
-    return finding(
-        "fp32_matmul", severity(gpu["non_tensor_core_gemm_pct"], FP32_GEMM_MIN_PCT),
-        f"FP32 math: GEMMs take {gpu['gemm_pct']:.0f} % of kernel time, "
-        f"{gpu['non_tensor_core_gemm_pct']:.0f} % of it not on {units} at a reduced precision "
-        f"(TF32, BF16, FP16, FP8; {units} share {gpu['tensor_core_pct']:.0f} %; rule: >= "
-        f"{FP32_GEMM_MIN_PCT:.0f} % of kernel time)",
-        "run matmuls on tensor cores: torch.autocast(\"cuda\", dtype=torch.bfloat16), or at "
-        "least TF32 (torch.backends.cuda.matmul.allow_tf32 = True)" if units == "tensor cores"
-        else "run matmuls in BF16 on the matrix cores: torch.autocast(\"cuda\", "
-             "dtype=torch.bfloat16) (ROCm takes the \"cuda\" device name)", "mixed_precision")
+    own = gpu.get("handwritten_fp32_gemm_pct", 0.0)
+    evidence = (f"FP32 math: GEMMs take {gpu['gemm_pct']:.0f} % of kernel time, {pct:.0f} % of "
+                f"it not on {units} at a reduced precision (TF32, BF16, FP16, FP8; {units} share "
+                f"{gpu['tensor_core_pct']:.0f} %; rule: >= {FP32_GEMM_MIN_PCT:.0f} % of kernel "
+                f"time)")
+    if own > 0:
+        evidence += (f"; {own:.0f} % FP32 on the CUDA cores from the kernel's signature "
+                     f"({gpu['handwritten_fp32_gemm_top']}: only float operands)")
+    fix = ("run matmuls on tensor cores: torch.autocast(\"cuda\", dtype=torch.bfloat16), or at "
+           "least TF32 (torch.backends.cuda.matmul.allow_tf32 = True)" if units == "tensor cores"
+           else "run matmuls in BF16 on the matrix cores: torch.autocast(\"cuda\", "
+                "dtype=torch.bfloat16) (ROCm takes the \"cuda\" device name)")
+    if own >= HANDWRITTEN_FP32_FIX_MIN_SHARE * pct:  # autocast does not change their types
+        fix += ("; your own kernel stays FP32 under autocast: call torch.matmul on 16-bit "
+                "tensors instead, or give it 16-bit operands and WMMA or mma.sync")
+    return finding("fp32_matmul", severity(pct, FP32_GEMM_MIN_PCT), evidence, fix,
+                   "mixed_precision")
 
 
 def rule_activation_memory(m: dict) -> dict | None:
@@ -465,12 +595,33 @@ def rule_activation_memory(m: dict) -> dict | None:
         "activation_checkpointing" if m.get("training", True) else None)
 
 
+def copies_up(up: dict) -> str:
+    """"2.0 copies a step of 77.1 MB each at 7.8 GB/s, all from pageable memory": the
+    host-to-device copies as the trace shows them (metrics.copy_metrics)."""
+    size = (f" of {up['mb'] / up['count']:.1f} MB each" if up["mb"] is not None and up["count"]
+            else "")
+    rate = f" at {up['gb_per_s']:.1f} GB/s" if up["gb_per_s"] is not None else ""
+    pinned, pageable = up["pinned_pct"], up["pageable_pct"]
+    if pinned is None:
+        memory = "the trace does not say from which host memory (pinned or pageable)"
+    elif pinned == 100.0 or pageable == 100.0:
+        memory = f"all from {'pinned' if pinned == 100.0 else 'pageable'} memory"
+    else:
+        memory = f"{pinned:.0f} % of their time from pinned memory, {pageable:.0f} % from pageable"
+    return f"{up['count']:.1f} copies a step{size}{rate}, {memory}"
+
+
 def rule_h2d_copy(m: dict) -> dict | None:
     """Host-to-device copies that the step waits for: copy time with no kernel beside it, or
-    syncs inside the copies (from pageable memory, or blocking) with the GPU idle after them."""
+    syncs inside the copies (from pageable memory, or blocking) with the GPU idle after them.
+    The fix leaves out what the copies do already: pinning, where pageable memory holds under
+    H2D_PAGEABLE_MIN_PCT of their time; overlap, where the trace runs no kernel."""
     gpu = m["gpu"]
     if not gpu:
         return None
+    up = gpu["copies_per_step"]["h2d"]
+    pageable = up["pageable_pct"]
+    pinned_already = pageable is not None and pageable < H2D_PAGEABLE_MIN_PCT
     exposed = gpu["h2d_exposed_pct"]
     syncs = gpu["syncs_by_cause_per_step"]["h2d_copy"]
     sync_idle = gpu["sync_idle_pct_by_cause"]["h2d_copy"]
@@ -485,6 +636,8 @@ def rule_h2d_copy(m: dict) -> dict | None:
             f"of the window (all copies: {gpu['h2d_pct']:.0f} %; rule: >= {H2D_MIN_PCT:.0f} % "
             f"uncovered)")
         levels.append(severity(exposed, H2D_MIN_PCT))
+        if up["count"]:
+            evidence.append(copies_up(up))
     if waits:
         evidence.append(
             f"the host waits for the GPU in {syncs:.1f} host-to-device copies per step "
@@ -493,15 +646,30 @@ def rule_h2d_copy(m: dict) -> dict | None:
             f">= {HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
         levels.append(severity(sync_idle, HOST_SYNC_IDLE_MIN_PCT))
     fixes = []
-    if waits:
+    if waits and pinned_already:
+        fixes.append("copy with .to(device, non_blocking=True): the copies come from pinned "
+                     "memory already, so the host waits in blocking ones")
+    elif waits:
         fixes.append("pin the source (DataLoader pin_memory=True, or tensor.pin_memory()) and copy "
                      "with .to(device, non_blocking=True): a copy from pageable memory, or a "
                      "blocking one, makes the host wait for the GPU")
     if copy_bound:
-        fixes.append("copy from pinned memory (DataLoader pin_memory=True) on a side CUDA stream "
-                     "one batch ahead, so the copy runs under the previous step's kernels "
-                     "(non_blocking=True alone still queues it behind them), copy less (uint8 "
-                     "images, normalise on the GPU), or keep the data on the GPU")
+        rate = f" at {up['gb_per_s']:.1f} GB/s" if up["gb_per_s"] is not None else ""
+        if pinned_already:
+            source = f"the copies run{rate} from pinned memory already"
+        elif pageable is not None:
+            source = (f"pin the source (DataLoader pin_memory=True, or tensor.pin_memory()): "
+                      f"{pageable:.0f} % of the copy time is from pageable memory, which the "
+                      f"driver copies through a pinned buffer")
+        else:
+            source = ("the trace does not say whether the copies come from pinned memory: if "
+                      "not, pin the source (DataLoader pin_memory=True, or tensor.pin_memory())")
+        less = "copy less (uint8 images, normalise on the GPU), or keep the data on the GPU"
+        fixes.append(f"{source}; no kernel ran, so nothing can hide the copies: {less}"
+                     if not gpu["kernels_per_step"] else
+                     f"{source}; copy on a side CUDA stream one batch ahead, so the copy runs "
+                     f"under the previous step's kernels (non_blocking=True alone still queues "
+                     f"it behind them), {less}")
     return finding("h2d_copy", "high" if "high" in levels else "medium", "; ".join(evidence),
                    "; ".join(fixes), "dataloader_workers")
 
@@ -568,12 +736,39 @@ def rule_ddp_sync(m: dict) -> dict | None:
         "(forward and backward) inside `with model.no_sync():`", "ddp_no_sync")
 
 
-RULES = (rule_dataloader, rule_host_region, rule_small_batch, rule_fp32_matmul,
-         rule_activation_memory, rule_launch_overhead, rule_host_overhead, rule_host_sync,
+RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch, rule_fp32_matmul,
+         rule_activation_memory, rule_launch_overhead, rule_host_overhead, rule_cpu_op_overhead,
+         rule_python_between_ops, rule_host_sync,
          rule_host_roundtrip, rule_h2d_copy,
          rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)
 
 
+# Initialization (idle_causes.initialization_regime: context creation, module loading, first
+# calls, compiling): when it holds at least this share of the window, the verdicts that read idle
+# time or shares of the window (STEADY_STATE_RULES) are withheld, and a finding says why. The
+# smallest share any of them fires on (host_sync's): initialization alone could make one fire.
+INIT_WITHHOLD_MIN_PCT = HOST_SYNC_IDLE_MIN_PCT  # % of the window in initialization
+STEADY_STATE_RULES = ("dataloader", "host_region", "host_work_ops", "small_batch",
+                      "launch_overhead",
+                      "host_overhead", "host_sync", "host_roundtrip", "h2d_copy",
+                      "cpu_op_overhead", "python_between_ops")
+
+
+def rule_initialization(m: dict) -> dict | None:
+    found = m.get("initialization")
+    if not found or found["pct"] < INIT_WITHHOLD_MIN_PCT:
+        return None
+    return finding("initialization", "high" if found["mostly"] else "medium",
+                   "; ".join(found["evidence"]), found["fix"], None)
+
+
 def findings_for(metrics: dict) -> list[dict]:
     found = [f for f in (rule(metrics) for rule in RULES) if f]
+    start_up = rule_initialization(metrics)
+    if start_up:  # what reads idle time reads the start-up's: withheld, and said
+        withheld = [f["id"] for f in found if f["id"] in STEADY_STATE_RULES]
+        found = [start_up] + [f for f in found if f["id"] not in STEADY_STATE_RULES]
+        start_up["evidence"] += (
+            f" (rule: >= {INIT_WITHHOLD_MIN_PCT:.0f} % of the window; withheld, as they would "
+            f"read the start-up's idle time: {', '.join(withheld) if withheld else 'none'})")
     return sorted(found, key=lambda f: f["severity"] != "high")  # stable: rule order within a level

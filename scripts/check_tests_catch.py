@@ -103,6 +103,23 @@ EDITS = (
          ("tests/test_analyze.py", "tests/test_one_number.py")),
     Edit("a share's change said as a ratio", "common/compare.py", 'if "%" in label:',
          'if False:', ("tests/test_compare.py",)),
+    # The user's frames named by path (frames.py).
+    Edit("the source search's folder limit made >=", "common/frames.py",
+         "if walked > SOURCE_SEARCH_MAX_DIRS:", "if walked >= SOURCE_SEARCH_MAX_DIRS:",
+         ("tests/test_python_frames.py",)),
+    Edit("any agreeing file taken, not the only one", "common/frames.py",
+         "if len(agreeing) == 1:", "if agreeing:", ("tests/test_python_frames.py",)),
+    Edit("a recorded path matched by its end's characters", "common/frames.py",
+         "path.endswith(os.sep + tail)", "path.endswith(tail)", ("tests/test_python_frames.py",)),
+    # Traces as new users record them.
+    Edit("a sync that ends its step counted as a mid-step wait", "common/verdicts.py",
+         "    mid_step = host_starved(m)\n", "    mid_step = False\n", ("tests/test_verdict_edges.py",)),
+    Edit("calls counted from the gaps between operators of any length", "common/host_ops.py",
+         "short_gaps_us = float(gaps[gaps < CPU_SHORT_OP_US].sum())",
+         "short_gaps_us = float(gaps.sum())", ("tests/test_new_user_traces.py",)),
+    Edit("a GPU run without GPU events read as a CPU run", "common/analyze.py",
+         "    if not has_gpu and not gpu_unrecorded(columns, has_gpu):",
+         "    if not has_gpu:", ("tests/test_new_user_traces.py",)),
 )
 
 

@@ -169,7 +169,9 @@ def test_layer_ops_still_count_as_cpu_exec(tmp_path):
     built.op("aten::relu", 1_000_600, 100)
     result = analysed(tmp_path, built)
     assert result["step_breakdown_ms"]["cpu_exec"] == pytest.approx(0.5)
-    assert result["input_batch"] == 8 and result["gpu"] is None and result["findings"] == []
+    assert result["input_batch"] == 8 and result["gpu"] is None
+    # Half the step outside its two operators: Python between them, on a CPU run.
+    assert [f["id"] for f in result["findings"]] == ["python_between_ops"]
 
 
 @pytest.mark.parametrize("name, batch, says, also", [

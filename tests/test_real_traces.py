@@ -266,9 +266,12 @@ def test_reads_without_error_or_noise(name, capsys):
     assert human.err == "" and human.out.startswith("trace ")
     result = cli_json(name)
     # Other people's real traces hold no impossible event (common/sanity.py): nothing left out.
-    # One holds initialization (test_initialization_by_hand): its only warning.
+    # Two hold initialization (test_initialization_by_hand): their only warning. AlexNet's
+    # window is its cold start; the MI250's first add kernel launches in 6.5 ms (its second in
+    # 4.7 us): lazy module loading, most of a short window.
     assert not any(result["impossible_events"].values())
-    assert len(result["warnings"]) == (name == "a100_alexnet_no_steps.json.gz")
+    assert len(result["warnings"]) == (name in ("a100_alexnet_no_steps.json.gz",
+                                                "mi250_rocm_3steps.json.gz"))
     assert {"device", "gpu_name", "steps", "step_ms", "dataloader_pct", "gpu", "findings"} <= set(
         result)
     if result["gpu"]:
@@ -622,12 +625,12 @@ def test_initialization_by_hand(name):
     waits = [(k, b - a) for k, (a, b) in enumerate(launches)
              if b - a >= 100_000 and hand_union(gpu, a, b) < (b - a) / 2]
     found = cli_json(name)["initialization"]
+    long = [span for span in (found or {}).get("spans", []) if span["kind"] == "long_launch"]
     if not waits:
-        assert found is None
+        assert long == []
         return
     k, longest = max(waits, key=lambda wait: wait[1])
-    assert found == {"launch_index": k + 1, "launch_ms": longest / 1000, "median_launch_us":
-                     statistics.median(b - a for a, b in launches)}
+    assert max(span["ms"] for span in long) == pytest.approx(longest / 1000)
     assert name == "a100_alexnet_no_steps.json.gz" and k + 1 == 2 and round(longest) == 3055567
 
 

@@ -19,9 +19,12 @@ THRESHOLDS_HEADER = "| constant | value | unit | source |"
 RULES_HEADER = "| id | fires when | threshold source | demo |"
 # Constants outside verdicts.py that a verdict or a warning cuts at (every number in verdicts.py
 # is one, and is required without a list).
-OTHER_THRESHOLDS = ("metrics.SHORT_KERNEL_US", "metrics.ROUND_TRIP_SIZE_RATIO_MAX",
+OTHER_THRESHOLDS = ("metrics.SHORT_KERNEL_US", "host_ops.CPU_SHORT_OP_US", "metrics.ROUND_TRIP_SIZE_RATIO_MAX",
                     "idle_causes.HOST_REGION_OUTSIDE_OPS_MIN", "idle_causes.INIT_LAUNCH_MIN_MS",
-                    "idle_causes.INIT_LAUNCH_GPU_BUSY_MAX", "compare.FEW_STEPS",
+                    "idle_causes.INIT_LAUNCH_GPU_BUSY_MAX", "idle_causes.INIT_SETUP_CALL_MIN_MS",
+                    "idle_causes.INIT_FIRST_LAUNCH_MIN_MS", "idle_causes.INIT_FIRST_CALL_MIN_MS",
+                    "idle_causes.INIT_FIRST_CALL_RATIO", "idle_causes.INIT_MOSTLY_MIN_PCT",
+                    "idle_causes.INIT_STEADY_MIN_PCT", "host_ops.HOST_OP_MIN_US", "compare.FEW_STEPS",
                     "compare.STEP_SPREAD_MAX", "trace.PROFILER_OVERHEAD_WARN_RATIO")
 # The constants each rule's "fires when" cell states as a number (a constant stated in words,
 # such as "launch-call time >= kernel time" for LAUNCH_TO_KERNEL_TIME_MIN, is left out).
@@ -37,10 +40,15 @@ RULE_CONSTANTS = {
     "host_overhead": ("HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT", "SMALL_BATCH_INPUT_BATCH_BELOW",
                       "HOST_OVERHEAD_OPERATORS_SHOWN", "GRAPH_REPLAYED_MIN_PCT"),
     "exposed_communication": ("EXPOSED_COMM_MIN_PCT",),
+    "cpu_op_overhead": ("CPU_CALLS_MIN_PCT",),
+    "host_work_ops": ("HOST_REGION_MIN_PCT", "host_ops.HOST_OP_MIN_US"),
+    "initialization": ("INIT_WITHHOLD_MIN_PCT",),
+    "python_between_ops": ("PYTHON_OUTSIDE_OPS_MIN_PCT",),
     "host_sync": ("HOST_SYNC_PER_STEP_MIN", "HOST_SYNC_IDLE_MIN_PCT"),
     "host_roundtrip": ("HOST_ROUNDTRIP_PER_STEP_MIN", "DATA_DEPENDENT_SYNCS_PER_STEP_MIN",
                        "HOST_SYNC_IDLE_MIN_PCT"),
-    "h2d_copy": ("H2D_MIN_PCT", "HOST_SYNC_PER_STEP_MIN", "HOST_SYNC_IDLE_MIN_PCT"),
+    "h2d_copy": ("H2D_MIN_PCT", "HOST_SYNC_PER_STEP_MIN", "HOST_SYNC_IDLE_MIN_PCT",
+                 "H2D_PAGEABLE_MIN_PCT"),
     "unfused_optimizer": ("UNFUSED_OPTIMIZER_MIN_PCT", "UNFUSED_OPTIMIZER_MAX_US_PER_OP"),
     "ddp_sync": ("DDP_SYNCED_MICRO_BATCHES_MIN",),
     "naive_attention": ("NAIVE_ATTENTION_MIN_SEQ",),
@@ -94,7 +102,8 @@ def test_each_threshold_reads_as_its_constant(row):
 
 def test_the_rules_table_has_a_row_per_rule():
     assert [row[0].strip("`") for row in table_rows(RULES_HEADER)] == list(RULE_CONSTANTS)
-    assert {rule.__name__.removeprefix("rule_") for rule in verdicts.RULES} == set(RULE_CONSTANTS)
+    assert {rule.__name__.removeprefix("rule_")
+            for rule in (*verdicts.RULES, verdicts.rule_initialization)} == set(RULE_CONSTANTS)
 
 
 @pytest.mark.parametrize("rule_id", list(RULE_CONSTANTS))

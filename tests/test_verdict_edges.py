@@ -727,3 +727,60 @@ def test_host_overhead_gives_way_to_launch_overhead_at_its_ratio(base, ratio, ve
     of that the host's time goes elsewhere (host_overhead, alone)."""
     m = with_wait(launch_bound(base, ratio=ratio), HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5)
     assert finding_ids(m) == [verdict]
+
+
+# --- The sync that ends a step: host_overhead's, not host_sync's --------------------------------
+
+def step_end_syncs(base: dict, launch_pct: float, step_end_pct: float, mid_step_pct: float,
+                   per_step: float = HOST_SYNC_PER_STEP_MIN * COMFORT) -> dict:
+    """The base with the GPU waiting launch_pct of the window for enqueues, and other syncs (per
+    step) whose gaps hold step_end_pct (gaps that outlast their step: the host's work between
+    steps) and mid_step_pct (gaps inside their steps) of the window."""
+    m = changed(base, syncs={"other": per_step},
+                sync_idle={"other": step_end_pct + mid_step_pct})
+    m["gpu"]["step_end_sync_idle_pct_by_cause"] = {
+        **m["gpu"]["step_end_sync_idle_pct_by_cause"], "other": step_end_pct}
+    m["gpu"]["idle_by_cause_pct"] = {**m["gpu"]["idle_by_cause_pct"], "launch": launch_pct,
+                                     "host_sync": step_end_pct + mid_step_pct}
+    return m
+
+
+@pytest.mark.parametrize("step_end_pct, verdicts_", [
+    pytest.param(below(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT), ["host_sync"], id="below"),
+    pytest.param(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT, ["host_overhead"], id="at"),
+    pytest.param(above(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT), ["host_overhead"], id="above"),
+])
+def test_a_sync_that_ends_each_step_is_host_overheads_from_its_threshold_on(
+        base, step_end_pct, verdicts_):
+    """One sync at the end of each step, the GPU then idle while the host works between steps:
+    the host-side idle (launch waits plus those gaps) reaches host_overhead's threshold, and
+    host_sync does not claim the same gaps; below it, the sync's gaps are host_sync's."""
+    assert finding_ids(step_end_syncs(base, 0.0, step_end_pct, 0.0)) == verdicts_
+
+
+def test_host_side_idle_adds_launch_waits_and_step_end_gaps(base):
+    """Half the threshold each way: neither alone fires host_overhead, together they do."""
+    half = HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT / 2
+    assert verdicts.host_side_idle_pct(step_end_syncs(base, half, half, 0.0)["gpu"]) == \
+        pytest.approx(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT)
+    assert finding_ids(step_end_syncs(base, half, half, 0.0)) == ["host_overhead"]
+    assert finding_ids(waiting(base, half)) == []
+
+
+@pytest.mark.parametrize("mid_step_pct, fires", edges(HOST_SYNC_IDLE_MIN_PCT, AT_LEAST))
+def test_host_sync_beside_host_overhead_reads_its_mid_step_gaps(base, mid_step_pct, fires):
+    """Where host_overhead takes the step-end gaps, host_sync fires on the gaps inside the steps
+    alone, at its own threshold, and says so."""
+    m = step_end_syncs(base, 0.0, HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5, mid_step_pct)
+    assert finding_ids(m) == ["host_overhead"] + only("host_sync", fires)
+    if fires:
+        assert "in the gaps they end in within their steps" in by_id(m)["host_sync"]["evidence"]
+
+
+def test_step_end_gaps_count_at_most_the_idle_splits_host_sync_share(base):
+    """A step-end gap that the idle split gives to another cause (the DataLoader, a host region)
+    is not host-side idle twice over."""
+    m = step_end_syncs(base, 0.0, HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT * 1.5, 0.0)
+    m["gpu"]["idle_by_cause_pct"]["host_sync"] = below(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT)
+    assert verdicts.host_side_idle_pct(m["gpu"]) == below(HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT)
+    assert "host_overhead" not in finding_ids(m)

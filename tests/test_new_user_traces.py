@@ -1,0 +1,260 @@
+"""Traces as new users record them: a GPU run whose GPU the profiler did not record, CPU-only runs
+read as CPU runs, host work that starves the GPU named by operator, a sync that only ends the
+step. Hand-built traces pin each rule at its edges; the committed CPU runs check the CPU rules on
+real traces of the pairs that teach them."""
+from __future__ import annotations
+
+import pytest
+
+from common import analyze
+from common.verdicts import CPU_CALLS_MIN_PCT, PYTHON_OUTSIDE_OPS_MIN_PCT
+from tests.conftest import ROOT
+from tests.kineto_builder import KinetoTrace
+
+STEP_US = 1000.0
+
+
+# --- A GPU run whose GPU was not recorded. -------------------------------------------------------
+
+def unrecorded_gpu_trace(launches: int, vocabulary: str = "current") -> KinetoTrace:
+    """Three steps of CUDA runtime calls (launches, a copy, a sync) and no GPU event: a GPU run
+    recorded with ProfilerActivity.CPU alone."""
+    t = KinetoTrace(vocabulary=vocabulary)
+    for step in range(3):
+        at = step * STEP_US
+        t.step(step + 1, at, STEP_US)
+        t.op("aten::linear", at + 10, 200)
+        for k in range(launches):
+            t.runtime("cudaLaunchKernel", at + 20 + 10 * k, 5)
+        t.runtime("cudaStreamSynchronize", at + 800, 50)
+    return t
+
+
+@pytest.mark.parametrize("vocabulary", ["current", "2021"])
+def test_a_gpu_run_without_gpu_events_says_so(tmp_path, vocabulary, capsys):
+    path = unrecorded_gpu_trace(launches=4, vocabulary=vocabulary).write(tmp_path / "t.json")
+    result = analyze.analyze_trace(path)
+    assert result["device"] == "cuda" and result["gpu"] is None
+    assert result["gpu_unrecorded_calls"] == 12  # 4 launches a step, 3 steps
+    assert len(result["warnings"]) == 1
+    assert "12 CUDA runtime calls enqueue GPU work" in result["warnings"][0]
+    assert "ProfilerActivity.CUDA" in result["warnings"][0]
+    assert analyze.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "device       cuda - the GPU's activity was not recorded (below)" in out
+    assert "no GPU activity in the trace" not in out
+
+
+def test_a_cpu_run_with_only_syncs_is_a_cpu_run(tmp_path):
+    """A sync call enqueues nothing: a trace with syncs and no launch or copy call is no GPU run
+    the profiler missed (0 launches), and reads as a CPU run."""
+    result = analyze.analyze_trace(unrecorded_gpu_trace(launches=0).write(tmp_path / "t.json"))
+    assert result["device"] == "cpu" and result["gpu_unrecorded_calls"] == 0
+    assert result["warnings"] == []
+
+
+# --- A sync that ends the step. ------------------------------------------------------------------
+
+def synced_steps(sync_at_end: bool) -> KinetoTrace:
+    """Three steps of 1000 µs, each one long kernel (300 µs, launched at +0). With
+    `sync_at_end` the host synchronizes right after the launch and then works on its own until
+    the next step (the GPU idle from +310 to the next step's kernel at +1010: a gap that outlasts
+    the step); else it synchronizes, works 300 µs, launches a second kernel at +600 (running
+    +610 .. +900) and the step's gap after the sync lies inside it."""
+    t = KinetoTrace()
+    t.gpu()
+    for step in range(3):
+        at = step * STEP_US
+        t.step(step + 1, at, STEP_US)
+        t.launch(at + 0, 5, at + 10, 300)
+        t.runtime("cudaDeviceSynchronize", at + 20, 290)  # returns as the kernel ends (+310)
+        if not sync_at_end:
+            t.launch(at + 600, 5, at + 610, 290)
+    return t
+
+
+def test_a_sync_that_ends_each_step_reads_host_overhead_not_host_sync(tmp_path):
+    result = analyze.analyze_trace(synced_steps(sync_at_end=True).write(tmp_path / "t.json"))
+    gpu = result["gpu"]
+    # Gaps +310 .. +1010 in steps 1 and 2 (the last one is cut at the window's end, +2310):
+    # every gap outlasts its step, so all of the sync idle is the host's work between steps.
+    assert sum(gpu["step_end_sync_idle_pct_by_cause"].values()) == pytest.approx(
+        gpu["sync_idle_pct"]) and gpu["sync_idle_pct"] > 50
+    assert [f["id"] for f in result["findings"]] == ["host_overhead"]
+    assert "after the sync that ends each step" in result["findings"][0]["evidence"]
+
+
+def test_a_sync_inside_the_step_stays_host_syncs(tmp_path):
+    result = analyze.analyze_trace(synced_steps(sync_at_end=False).write(tmp_path / "t.json"))
+    gpu = result["gpu"]
+    assert sum(gpu["step_end_sync_idle_pct_by_cause"].values()) == 0.0
+    assert gpu["sync_idle_pct"] > 25  # +310 .. +610 of each step
+    assert "host_sync" in [f["id"] for f in result["findings"]]
+    assert "host_overhead" not in [f["id"] for f in result["findings"]]
+
+
+# --- CPU runs read as CPU runs. ------------------------------------------------------------------
+
+def cpu_steps(ops: int, op_us: float, gap_us: float, long_op_us: float) -> KinetoTrace:
+    """Three CPU steps of 1000 µs: `ops` operators of op_us each, gap_us apart (nothing open in
+    between: Python), then one long operator of long_op_us (arithmetic); the rest of the step
+    outside operators too."""
+    t = KinetoTrace()
+    for step in range(3):
+        at = step * STEP_US
+        t.step(step + 1, at, STEP_US)
+        clock = at
+        for _ in range(ops):
+            t.op("aten::add", clock, op_us)
+            clock += op_us + gap_us
+        if long_op_us:
+            t.op("aten::mm", clock, long_op_us)
+    return t
+
+
+def cpu_result(tmp_path, **shape) -> dict:
+    return analyze.analyze_trace(cpu_steps(**shape).write(tmp_path / "t.json"))
+
+
+def cpu_ids(result: dict) -> list[str]:
+    return [f["id"] for f in result["findings"]]
+
+
+def test_cpu_metrics_by_hand(tmp_path):
+    """100 operators of 2 µs, 3 µs apart, and a 300 µs matmul 3 µs after the last: 200 µs of
+    short operators' own time (20 %), 100 short gaps of 3 µs (30 %): calls 50 %, the rule's
+    share; 1000 - 200 - 300 = 500 µs outside operators (50 %), the last 200 µs one long gap."""
+    result = cpu_result(tmp_path, ops=100, op_us=2.0, gap_us=3.0, long_op_us=300.0)
+    cpu = result["cpu"]
+    assert result["device"] == "cpu" and result["gpu"] is None
+    assert cpu["ops_per_step"] == 101
+    assert cpu["median_op_self_us"] == pytest.approx(2.0)
+    assert cpu["short_op_pct"] == pytest.approx(20.0)
+    assert cpu["outside_ops_pct"] == pytest.approx(50.0)
+    assert cpu["short_gap_pct"] == pytest.approx(30.0)
+    assert cpu["call_pct"] == pytest.approx(50.0) == CPU_CALLS_MIN_PCT
+    assert cpu["top_ops_ms_per_step"][0] == ("aten::mm", pytest.approx(0.3))
+    assert cpu_ids(result) == ["cpu_op_overhead", "python_between_ops"]
+
+
+@pytest.mark.parametrize("points, fires", [(-1.0, False), (0.0, True), (1.0, True)])
+def test_python_between_ops_from_its_share_on(tmp_path, points, fires):
+    """One long operator a step and nothing else: python_between_ops alone, from
+    PYTHON_OUTSIDE_OPS_MIN_PCT of the window outside operators (a point below, at, above)."""
+    outside_us = (PYTHON_OUTSIDE_OPS_MIN_PCT + points) / 100 * STEP_US
+    result = cpu_result(tmp_path, ops=0, op_us=0.0, gap_us=0.0, long_op_us=STEP_US - outside_us)
+    assert result["cpu"]["outside_ops_pct"] == pytest.approx(outside_us / STEP_US * 100)
+    assert cpu_ids(result) == (["python_between_ops"] if fires else [])
+
+
+@pytest.mark.parametrize("points, fires", [(-1.0, False), (0.0, True), (1.0, True)])
+def test_cpu_op_overhead_from_its_share_of_calls_on(tmp_path, points, fires):
+    """Short operators back to back (no Python between them) holding CPU_CALLS_MIN_PCT of the
+    window (a point below, at, above), a long one the rest: cpu_op_overhead alone."""
+    calls_pct = CPU_CALLS_MIN_PCT + points
+    short_us = calls_pct / 100 * STEP_US
+    result = cpu_result(tmp_path, ops=1000, op_us=short_us / 1000, gap_us=0.0,
+                        long_op_us=STEP_US - short_us)
+    assert result["cpu"]["call_pct"] == pytest.approx(calls_pct)
+    assert cpu_ids(result) == (["cpu_op_overhead"] if fires else [])
+
+
+def test_long_operators_read_no_cpu_verdict(tmp_path):
+    """A CPU step of arithmetic (one 1000 µs matmul, nothing outside it)."""
+    result = cpu_result(tmp_path, ops=0, op_us=0.0, gap_us=0.0, long_op_us=STEP_US)
+    assert result["cpu"]["call_pct"] == pytest.approx(0.0) and cpu_ids(result) == []
+
+
+CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
+
+
+@pytest.mark.parametrize("demo, bad_verdicts", [
+    ("host_roundtrip", ["python_between_ops"]),
+    ("llm_decode", ["cpu_op_overhead", "python_between_ops"]),
+    ("tokenizer_bound", ["host_region"]),
+])
+def test_the_committed_cpu_runs_name_bad_and_leave_fixed_silent(demo, bad_verdicts):
+    """The CPU runs the pairs' pictures are drawn from: bad gets the verdict its lesson names,
+    fixed none."""
+    found = {variant: cpu_ids(analyze.analyze_trace(CPU_REFERENCE / demo / variant))
+             for variant in ("bad", "fixed")}
+    assert found == {"bad": bad_verdicts, "fixed": []}
+
+
+# --- Host work in operators while the GPU waits. -------------------------------------------------
+
+def inputs_on_the_host(randn_us: float) -> KinetoTrace:
+    """Three steps of 1000 µs: torch.randn on the CPU (aten::randn holding aten::normal_, no GPU
+    work enqueued) for randn_us, then a pageable copy to the GPU and one kernel."""
+    t = KinetoTrace()
+    t.gpu()
+    for step in range(3):
+        at = step * STEP_US
+        t.step(step + 1, at, STEP_US)
+        t.op("aten::randn", at, randn_us)
+        t.op("aten::normal_", at + 2, randn_us - 4)
+        t.op("aten::copy_", at + randn_us + 5, 30)
+        t.memcpy(at + randn_us + 10, 10, at + randn_us + 20, 10, kind="HtoD")
+        t.launch(at + randn_us + 40, 5, at + randn_us + 50, STEP_US - randn_us - 60)
+    return t
+
+
+def test_inputs_made_on_the_host_are_named_as_the_gpus_idle_cause(tmp_path, capsys):
+    path = inputs_on_the_host(randn_us=720.0).write(tmp_path / "t.json")
+    result = analyze.analyze_trace(path)
+    idle = result["gpu"]["idle_by_cause_pct"]
+    # The GPU idles from the previous kernel's end (or the window's start) to the copy at +740;
+    # the host runs aten::randn (the outermost operator) for 720 µs of it in every step.
+    assert idle["CPU op aten::randn"] == pytest.approx(100 * 3 * 720 / result["window_ms"] / 1000,
+                                                       rel=0.01)
+    assert "CPU op aten::normal_" not in idle  # inside aten::randn: its time is randn's
+    assert [f["id"] for f in result["findings"]] == ["host_work_ops"]
+    found = result["findings"][0]
+    assert "aten::randn" in found["evidence"] and "on the device" in found["fix"]
+    assert analyze.main([str(path)]) == 0
+    assert "CPU op aten::randn" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("points, fires", [(-1.0, False), (0.0, True), (1.0, True)])
+def test_host_work_ops_from_its_share_on(points, fires):
+    """At the verdict: the GPU idle that host operators cause, summed over their names, from
+    HOST_REGION_MIN_PCT of the window (a point below, at, above)."""
+    from common import verdicts
+    share = verdicts.HOST_REGION_MIN_PCT + points
+    m = {"gpu": {"idle_by_cause_pct": {"launch": 1.0, "CPU op aten::randn": share / 2,
+                                       "CPU op aten::cat": share / 2}}}
+    found = verdicts.rule_host_work_ops(m)
+    assert (found is not None) == fires
+    if fires:
+        assert "aten::randn" in found["evidence"] and "aten::cat" in found["evidence"]
+
+
+# --- Initialization withholds the verdicts that read idle time. ----------------------------------
+
+@pytest.mark.parametrize("points, withheld", [(-0.5, False), (0.0, True), (0.5, True)])
+def test_initialization_withholds_the_idle_verdicts_from_its_share_on(tmp_path, points, withheld):
+    """A host-synced trace (host_sync fires) whose window holds initialization: from
+    INIT_WITHHOLD_MIN_PCT of the window on, the finding `initialization` replaces the verdicts
+    that read idle time, and names them; below it, they stand."""
+    from common import verdicts
+    m = analyze.analyze_trace(synced_steps(sync_at_end=False).write(tmp_path / "t.json"))
+    assert "host_sync" in cpu_ids(m) and m["initialization"] is None
+    del m["findings"]
+    m["initialization"] = {"pct": verdicts.INIT_WITHHOLD_MIN_PCT + points, "mostly": False,
+                           "evidence": ["operators' first calls: 12.0 ms"], "fix": "profile later"}
+    found = [f["id"] for f in verdicts.findings_for(m)]
+    if not withheld:
+        assert "host_sync" in found and "initialization" not in found
+        return
+    assert found[0] == "initialization" and "host_sync" not in found
+    assert "withheld, as they would read the start-up's idle time: host_sync" in \
+        verdicts.findings_for(m)[0]["evidence"]
+
+
+def test_a_window_mostly_initialization_is_high(tmp_path):
+    from common import verdicts
+    m = analyze.analyze_trace(synced_steps(sync_at_end=False).write(tmp_path / "t.json"))
+    del m["findings"]
+    m["initialization"] = {"pct": 80.0, "mostly": True, "evidence": ["compiling: 80.0 ms"],
+                           "fix": "profile later"}
+    assert verdicts.findings_for(m)[0]["severity"] == "high"
