@@ -25,6 +25,13 @@ CPU_SHORT_OP_US = 10.0  # µs of self time
 CPU_OPS_SHOWN = 3  # operators named in the evidence, by self time per step
 
 
+def operators(columns: TraceColumns) -> np.ndarray:
+    """Per cpu_ops span, whether it is a PyTorch operator (not a harness region written as one)."""
+    if columns.cpu_op_is_region.size:
+        return ~columns.cpu_op_is_region
+    return np.ones(columns.cpu_ops.size, bool)
+
+
 def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_steps: int,
                     held: Spans) -> dict:
     """A CPU-only trace's operators in the host window: per step, how many and their self time;
@@ -34,7 +41,7 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
     low, high = host_window
     span = high - low
     ops = columns.cpu_ops
-    ours = ~columns.cpu_op_is_region
+    ours = operators(columns)
     in_window = ours & (ops.start >= low) & (ops.start < high)
     self_us = self_time_us(Spans(ops.start[ours], ops.end[ours]), columns.cpu_op_thread[ours])
     self_us = self_us[in_window[ours]]
@@ -86,9 +93,7 @@ def host_work_ops(columns: TraceColumns, host_window: tuple[float, float]
     runs), the index of each one's name, and the names."""
     low, high = host_window
     ops = columns.cpu_ops
-    operator = ~columns.cpu_op_is_region if columns.cpu_op_is_region.size else np.ones(
-        ops.size, bool)
-    candidate = operator & (ops.start >= low) & (ops.start < high) & (
+    candidate = operators(columns) & (ops.start >= low) & (ops.start < high) & (
         ops.end - ops.start >= HOST_OP_MIN_US)
     if not candidate.any():
         return Spans.empty(), np.empty(0, np.int64), []

@@ -174,24 +174,26 @@ def test_layer_ops_still_count_as_cpu_exec(tmp_path):
     assert [f["id"] for f in result["findings"]] == ["python_between_ops"]
 
 
-@pytest.mark.parametrize("name, batch, says, also", [
+@pytest.mark.parametrize("name, batch, says, findings", [
     # one aten::linear in the steps, Input Dims [[5, 128], [128, 128], [128]]; GPU 1 % busy. Its
     # two input copies are blocking hipMemcpyWithStream calls (syncs inside aten::copy_): the GPU
     # idles 5.1 % of the window after them, so h2d_copy fires too (tests/test_real_traces.py);
     # its GEMMs (Tensile Cijk_..._SB_...: FP32 inputs) are 27 % of kernel time: fp32_matmul
+    # The window is mostly initialization (its first add kernel's 6.5 ms launch: lazy loading),
+    # so the verdicts that read idle time, small_batch and h2d_copy among them, are withheld.
     ("mi250_rocm_3steps.json.gz", 5, "batch 5 at the conv/linear inputs (< 64)",
-     ["fp32_matmul", "h2d_copy"]),
+     ["initialization", "fp32_matmul"]),
     # ten aten::linear calls, all [[4096, 100], ...] or [[4096, 2798], ...]; GPU 32 % busy with
     # 4 µs kernels, not launch bound: the timing says under-filled, the evidence says the shapes
     # disagree
     ("a100_80gb_rank0_5steps.json.gz", 4096, "but batch 4096 at the conv/linear inputs is not "
-                                             "small", []),
+                                             "small", ["small_batch"]),
 ])
-def test_input_batch_of_real_traces(name, batch, says, also):
+def test_input_batch_of_real_traces(name, batch, says, findings):
     path = SHARED_TRACES / name
     if not path.is_file():
         pytest.skip(f"{path} is not in this checkout")
     result = analyze.analyze_trace(path)
     assert result["input_batch"] == batch
-    assert [f["id"] for f in result["findings"]] == ["small_batch"] + also
-    assert says in by_id(result)["small_batch"]["evidence"]
+    assert [f["id"] for f in result["findings"]] == findings
+    assert says in verdicts.rule_small_batch(result)["evidence"]  # the rule, withheld or not

@@ -36,9 +36,18 @@ def optimizer_trace(pct: float, ops: int, us_per_op: float, region: str = "optim
     return t
 
 
+# The hand-built CPU steps below leave most of the window outside operators, where the CPU-run
+# rules read Python between operators (tests/test_new_user_traces.py pins them): these tests
+# read the other rules' findings.
+CPU_RUN_RULES = ("python_between_ops", "cpu_op_overhead")
+
+
+def found_ids(result: dict) -> list[str]:
+    return [f["id"] for f in result["findings"] if f["id"] not in CPU_RUN_RULES]
+
+
 def ids(tmp_path, built: KinetoTrace) -> list[str]:
-    result = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))
-    return [f["id"] for f in result["findings"]]
+    return found_ids(analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json")))
 
 
 @pytest.mark.parametrize("vocabulary", ["2021", "current", "tensorboard"])
@@ -49,7 +58,7 @@ def test_unfused_optimizer_share_threshold(tmp_path, vocabulary):
     assert result["optimizer"]["pct"] == pytest.approx(UNFUSED_OPTIMIZER_MIN_PCT + 0.1)
     assert result["optimizer"]["ms_per_step"] == pytest.approx(STEP_US * 0.151 / 1000)
     assert result["optimizer"]["ops_per_step"] == 200
-    assert [f["id"] for f in result["findings"]] == ["unfused_optimizer"]
+    assert found_ids(result) == ["unfused_optimizer"]
     below = optimizer_trace(UNFUSED_OPTIMIZER_MIN_PCT - 0.1, 200, 5, vocabulary=vocabulary)
     assert ids(tmp_path, below) == []
 
@@ -71,7 +80,7 @@ def test_a_multi_tensor_op_or_no_region_silences_it(tmp_path):
     # (idle_causes.host_regions): two thirds of its time lies outside operators (5 µs operators
     # every 15 µs), under the four fifths a region of host work needs.
     assert result["optimizer"] is None
-    assert result["findings"] == []
+    assert found_ids(result) == []
     assert "forward" not in (result["host_regions"] or {})
 
 
@@ -80,7 +89,7 @@ def test_torch_optims_own_step_span_is_the_region(tmp_path):
     built = optimizer_trace(30, 200, 5, region="Optimizer.step#AdamW.step")
     result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
     assert result["optimizer"]["pct"] == pytest.approx(30)
-    assert [f["id"] for f in result["findings"]] == ["unfused_optimizer"]
+    assert found_ids(result) == ["unfused_optimizer"]
 
 
 def attention_trace(softmax_dims: list, sdpa: bool = False) -> KinetoTrace:
@@ -99,14 +108,14 @@ def test_naive_attention_sequence_threshold(tmp_path, side, fires):
     built = attention_trace([[4, 8, side, side], [], []])
     result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
     assert result["attention"] == {"square_softmax_max": side, "sdpa_ops_per_step": 0.0}
-    assert [f["id"] for f in result["findings"]] == (["naive_attention"] if fires else [])
+    assert found_ids(result) == (["naive_attention"] if fires else [])
 
 
 def test_naive_attention_needs_a_square_softmax_and_no_sdpa(tmp_path):
     assert ids(tmp_path, attention_trace([[4, 1024, 50000], [], []])) == []  # a vocabulary softmax
     assert ids(tmp_path, attention_trace([[4, 8, 1024, 1024], [], []], sdpa=True)) == []
     no_shapes = analyze.analyze_trace(attention_trace("").write(tmp_path / "t.json"))
-    assert no_shapes["attention"]["square_softmax_max"] is None and no_shapes["findings"] == []
+    assert no_shapes["attention"]["square_softmax_max"] is None and found_ids(no_shapes) == []
 
 
 def test_collectives_without_distributed_info(tmp_path, capsys):
@@ -161,12 +170,12 @@ def test_ddp_sync_counts_micro_batches_that_end_in_an_all_reduce(tmp_path, synce
     assert result["distributed"]["ddp_forwards_per_step"] == 4
     assert result["distributed"]["synced_forwards_per_step"] == synced
     assert result["distributed"]["collectives_per_step"] == synced
-    assert ("ddp_sync" in [f["id"] for f in result["findings"]]) == fires
+    assert ("ddp_sync" in found_ids(result)) == fires
 
 
 def test_one_forward_per_step_is_no_accumulation(tmp_path):
     result = analyze.analyze_trace(write_rank(tmp_path, ddp_trace(0, 1, 1, 500), 0))
-    assert result["distributed"]["synced_forwards_per_step"] == 1 and result["findings"] == []
+    assert result["distributed"]["synced_forwards_per_step"] == 1 and found_ids(result) == []
 
 
 def test_a_folder_of_ranks_gets_the_cross_rank_view(tmp_path, capsys):
@@ -253,7 +262,7 @@ def test_ddp_sync_counts_outermost_forwards_and_one_bucket_layout(tmp_path, patt
     dist = result["distributed"]
     assert dist["ddp_forwards_per_step"] == forwards
     assert dist["synced_forwards_per_step"] == synced
-    assert ("ddp_sync" in [f["id"] for f in result["findings"]]) == fires
+    assert ("ddp_sync" in found_ids(result)) == fires
 
 
 @pytest.mark.parametrize("no_sync, synced, fires", [(True, 1.0, False), (False, 4.0, True)])

@@ -62,6 +62,7 @@ from pathlib import Path
 import pytest
 
 from common import analyze
+from common.host_ops import HOST_OP_CAUSE_PREFIX, HOST_OP_MIN_US
 from tests.conftest import ROOT
 
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
@@ -402,6 +403,35 @@ def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
     return [tuple(h) for h in held]
 
 
+def hand_host_work_ops(events: list[dict], regions: list) -> list[tuple[float, float, str]]:
+    """Host operators in the host steps that run HOST_OP_MIN_US or more with no enqueuing
+    runtime call starting inside them (any thread): the outermost of them, clipped where an
+    earlier one still runs, less the host regions' time; named "CPU op <name>"."""
+    steps = host_steps(events)
+    low, high = steps[0][0], steps[-1][1]
+    enqueue_starts = sorted(start(e) for e in events
+                            if e.get("cat") in RUNTIME and e["name"].startswith(HAND_ENQUEUES))
+    quiet = sorted(((start(e), end(e), e["name"]) for e in events
+                    if e.get("cat") == "cpu_op" and low <= start(e) < high
+                    and end(e) - start(e) >= HOST_OP_MIN_US
+                    and bisect.bisect_left(enqueue_starts, start(e))
+                    == bisect.bisect_left(enqueue_starts, end(e))),
+                   key=lambda op: (op[0], -op[1]))
+    pieces, reach = [], -math.inf
+    for s, t, name in quiet:
+        if t <= reach:  # inside an earlier one
+            continue
+        s, reach = max(s, reach), t
+        for a, b, _ in sorted(regions):
+            if b > s and a < t:
+                if a > s:
+                    pieces.append((s, a, HOST_OP_CAUSE_PREFIX + name))
+                s = max(s, b)
+        if t > s:
+            pieces.append((s, t, HOST_OP_CAUSE_PREFIX + name))
+    return pieces
+
+
 def hand_unrecorded(events: list, launched: dict, low: float, high: float) -> list:
     """Per stream, in time order: a kernel with no launch call in the trace whose correlation id
     is below every API call's in the trace was queued before the recording, and its stream held
@@ -460,7 +490,8 @@ def hand_idle_by_cause(name: str) -> dict[str, float]:
     def loading(a: float, b: float) -> float:  # DataLoader time in [a, b]
         return hand_union(loaders, a, b)
 
-    held = hand_host_regions(events)
+    regions = hand_host_regions(events)
+    held = sorted(regions + hand_host_work_ops(events, regions))
     held_starts = [h[0] for h in held]
 
     def in_regions(a: float, b: float) -> dict[str, float]:  # each region's time in [a, b]
