@@ -23,7 +23,12 @@ import numpy as np
 from common import sanity, trace
 from common.communication import distributed_metrics
 from common.frames import FrameTimes, frame_times, python_frames
-from common.host_ops import CPU_SHORT_OP_US, cpu_run_metrics, with_host_work_ops
+from common.host_ops import (
+    CPU_SHORT_OP_US,
+    HOST_OP_CAUSE_PREFIX,
+    cpu_run_metrics,
+    with_host_work_ops,
+)
 from common.idle_causes import (
     IDLE_CAUSES,
     host_region_metrics,
@@ -79,7 +84,10 @@ SHOWN_CAUSES = tuple(cause for cause in IDLE_CAUSES if cause != "unrecorded")
 
 
 def idle_cause_label(cause: str) -> str:
-    """"host syncs" for a fixed cause, "region tokenize" for a host region's."""
+    """"host syncs" for a fixed cause, "region tokenize" for a host region's, "CPU op aten::randn"
+    for a host operator's (host_ops.with_host_work_ops) as it is."""
+    if cause.startswith(HOST_OP_CAUSE_PREFIX):
+        return cause
     return IDLE_CAUSE_LABELS.get(cause, f"region {cause}")
 
 

@@ -100,20 +100,40 @@ IDLE_COLORS = {"busy": "#2e7d32", "dataloader": "#c62828", "host_sync": "#ef6c00
 HOST_REGION_COLORS = ("#8d6e63", "#f06292", "#a1887f", "#ad1457", "#d7ccc8")
 
 
+# Causes by name (host regions, host operators) under this share of the window in every run are
+# drawn as one part: a legend of a dozen operators at 0.1-0.3 % each says nothing a bar can show.
+NAMED_CAUSE_SHOWN_MIN_PCT = 1.0  # % of the window
+FOLDED_PART = "named host work, each under 1 %"
+
+
+def idle_parts(analyses: dict[str, analyze.Analysis]) -> dict[str, list[float]]:
+    """Per part of the idle bars, each run's width (% of its window): "busy" (utilization), then
+    each idle cause in analyze.idle_causes' order, the named ones under NAMED_CAUSE_SHOWN_MIN_PCT
+    in every run summed into FOLDED_PART, where the first of them stood."""
+    idle = [a.result["gpu"]["idle_by_cause_pct"] for a in analyses.values()]
+    parts = {"busy": [a.result["gpu"]["utilization_pct"] for a in analyses.values()]}
+    for cause in analyze.idle_causes(*idle):  # every run's host regions too, after the DataLoader
+        widths = [i.get(cause, 0.0) for i in idle]
+        if cause in analyze.IDLE_CAUSES or max(widths) >= NAMED_CAUSE_SHOWN_MIN_PCT:
+            parts[cause] = widths
+        else:
+            folded = parts.setdefault(FOLDED_PART, [0.0] * len(widths))
+            parts[FOLDED_PART] = [a + b for a, b in zip(folded, widths)]
+    return parts
+
+
 def idle_figure(analyses: dict[str, analyze.Analysis], title: str):
     """One bar per variant, 100 % of its profiled steps: the GPU busy (kernels, copies, memsets)
-    and its idle time by cause (gpu.idle_by_cause_pct)."""
+    and its idle time by cause (gpu.idle_by_cause_pct; idle_parts)."""
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(analyses)))
     labels = list(analyses)
     left = np.zeros(len(labels))
-    idle = [a.result["gpu"]["idle_by_cause_pct"] for a in analyses.values()]
-    causes = analyze.idle_causes(*idle)  # every run's host regions too, after the DataLoader
-    parts = {"busy": [a.result["gpu"]["utilization_pct"] for a in analyses.values()],
-             **{cause: [i.get(cause, 0.0) for i in idle] for cause in causes}}
-    regions = iter(HOST_REGION_COLORS * len(causes))
+    parts = idle_parts(analyses)
+    regions = iter(HOST_REGION_COLORS * len(parts))
     for part, widths in parts.items():
         name = ("GPU busy" if part == "busy" else "unrecorded: work launched before the recording"
-                if part == "unrecorded" else f"idle: {analyze.idle_cause_label(part)}")
+                if part == "unrecorded" else f"idle: {FOLDED_PART}" if part == FOLDED_PART
+                else f"idle: {analyze.idle_cause_label(part)}")
         color = IDLE_COLORS.get(part) or next(regions)
         ax.barh(labels, widths, left=left, color=color, label=name)
         left += widths
