@@ -365,8 +365,9 @@ def tensor_core_share_of_gemm(c: dict, variant: str) -> float:
     return 100 * (gpu["gemm_pct"] - gpu["non_tensor_core_gemm_pct"]) / gpu["gemm_pct"]
 
 
-def optimizer_ms(c: dict, variant: str) -> float:
-    return c[variant]["analysis"]["optimizer"]["ms_per_step"]
+def optimizer_ms(c: dict, variant: str, side: str) -> float:
+    """The optimizer's time on one side ("cpu" or "gpu"), one definition for both runs."""
+    return c[variant]["analysis"]["optimizer"][f"{side}_ms_per_step"]
 
 
 def padding(c: dict, variant: str) -> float:
@@ -395,8 +396,14 @@ TARGET_ROWS = {
     "naive_attention": lambda c: [(c["speedup"], "{:.2f}×", (">=", 2.0)),
                                   (c["peak_memory_ratio"], "{:.2f}×", ("<=", 0.5))],
     "unfused_optimizer": lambda c: [
-        (optimizer_ms(c, "bad") / optimizer_ms(c, "fixed"), "{:.2f}× lower", (">=", 3.0)),
-        (optimizer_ms(c, "bad"), "{:.2f} →", None), (optimizer_ms(c, "fixed"), "→ {:.2f}", None),
+        (optimizer_ms(c, "bad", "gpu") / optimizer_ms(c, "fixed", "gpu"), "{:.2f}× lower",
+         (">=", 3.0)),
+        (optimizer_ms(c, "bad", "gpu"), "({:.1f} →", None),
+        (optimizer_ms(c, "fixed", "gpu"), "→ {:.1f} ms a step", None),
+        (optimizer_ms(c, "bad", "cpu") / optimizer_ms(c, "fixed", "cpu"), "{:.2f}× on the CPU",
+         (">=", 3.0)),
+        (optimizer_ms(c, "bad", "cpu"), "({:.1f} →", None),
+        (optimizer_ms(c, "fixed", "cpu"), "→ {:.1f})", None),
         (c["speedup"], "{:.2f}×", (">=", 1.3))],
     "padding_waste": lambda c: [(c["speedup"], "{:.2f}×", (">=", 2.0)),
                                 (padding(c, "bad"), "{:.1f} % →", (">=", 50.0)),
