@@ -170,14 +170,16 @@ def analyze(path: Path) -> Analysis:
     n_steps = steps.size
     step_ms = (steps.end - steps.start) / US_PER_MS
     has_gpu = bool(columns.kernels.size or columns.memcpy.size or columns.memset.size)
+    # A GPU run whose GPU the profiler did not record: its memory events and device are the GPU's.
+    gpu_run = has_gpu or bool(gpu_unrecorded(columns, has_gpu))
 
-    device_type = CUDA_DEVICE_TYPE if has_gpu else trace.CPU_DEVICE_TYPE
+    device_type = CUDA_DEVICE_TYPE if gpu_run else trace.CPU_DEVICE_TYPE
     memory_mask = columns.memory_device_type == device_type
     memory_ts = columns.memory_ts[memory_mask]
     memory_mb = columns.memory_bytes[memory_mask] / trace.BYTES_PER_MB
     order = np.argsort(memory_ts, kind="stable")
     memory_ts, memory_mb = memory_ts[order], memory_mb[order]
-    gpu_props = columns.device_properties[0] if has_gpu and columns.device_properties else {}
+    gpu_props = columns.device_properties[0] if gpu_run and columns.device_properties else {}
     total_memory = gpu_props.get("totalGlobalMem") if isinstance(gpu_props, dict) else None
     layer_batches = columns.batch_rows[(columns.batch_ts >= host_window[0])
                                        & (columns.batch_ts < host_window[1])]
@@ -258,7 +260,9 @@ def analyze(path: Path) -> Analysis:
     metrics["step_breakdown_ms"] = dict(zip(BREAKDOWN_ROLES, map(float, breakdown.mean(axis=0))))
     # A window that holds the run's start-up (context creation, module loading, first calls,
     # compiling) is no steady state: the verdicts that read idle time give way to it.
-    metrics["initialization"] = initialization_regime(columns, host, steps)
+    # Not on a GPU run without its GPU: the signals compare with the GPU's work, which it lacks.
+    metrics["initialization"] = (initialization_regime(columns, host, steps)
+                                 if has_gpu or not gpu_run else None)
     metrics["findings"] = findings_for(metrics)
     # Events the profiler wrote that cannot be true, left out of every number above, by kind.
     metrics["impossible_events"] = columns.impossible
@@ -445,9 +449,11 @@ def format_human(result: dict) -> str:
                      f"{CPU_SHORT_OP_US:.0f} us: {cpu['short_op_pct']:.1f} % of the steps, gaps "
                      f"under it between them {cpu['short_gap_pct']:.1f} % (calls: "
                      f"{cpu['call_pct']:.1f} %); outside every operator: "
-                     f"{cpu['outside_ops_pct']:.1f} %; most self time: "
-                     + ", ".join(f"{name} {ms:.2f} ms/step"
-                                 for name, ms in cpu["top_ops_ms_per_step"]))
+                     f"{cpu['outside_ops_pct']:.1f} % ({cpu['long_gap_pct']:.1f} in gaps of "
+                     f"{CPU_SHORT_OP_US:.0f} us or more)"
+                     + ("; most self time: " + ", ".join(f"{name} {ms:.2f} ms/step"
+                                                         for name, ms in cpu["top_ops_ms_per_step"])
+                        if cpu["top_ops_ms_per_step"] else ""))
     lines += host_region_lines(result["host_regions"])
     lines += python_lines(result["python"])
     parts = ", ".join(f"{role} {ms:.1f}" for role, ms in result["step_breakdown_ms"].items()

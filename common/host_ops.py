@@ -6,7 +6,7 @@ device (kernels) happens in each operator's own time. Two regimes hold a CPU ste
 single slow operator: many short operators, where the framework's fixed cost per operator
 (dispatch, allocation, the Python call) sets the pace (llm_decode/bad: every generated token runs
 every block's operators one by one); and Python between the operators (host_roundtrip/bad: a loop
-over .tolist() values), where no operator runs at all. The verdicts cpu_op_overhead and
+over .tolist() values), long gaps where no operator runs at all. The verdicts cpu_op_overhead and
 python_between_ops read these numbers (common/verdicts.py).
 """
 from __future__ import annotations
@@ -54,22 +54,26 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
     gaps = (edges[count:] - edges[:count]).clip(min=0)  # [low, first start], ..., [last end, high]
     short_gaps_us = float(gaps[gaps < CPU_SHORT_OP_US].sum())
     short = self_us < CPU_SHORT_OP_US
-    names = columns.cpu_op_names[in_window]
-    by_name: dict[str, float] = {}
-    for name, us in zip(names.tolist(), self_us.tolist()):
-        by_name[name] = by_name.get(name, 0.0) + us
-    top = sorted(by_name.items(), key=lambda item: -item[1])[:CPU_OPS_SHOWN]
 
     def share(us: float) -> float:
         return 100.0 * us / span if span > 0 else 0.0
 
     short_pct, outside_pct = share(float(self_us[short].sum())), share(max(outside, 0.0))
     short_gaps_pct = share(short_gaps_us)
+    # Names are interned strings (trace_columns): grouped by identity, without sorting strings.
+    op_names = columns.cpu_op_names[in_window]
+    _, first, code = np.unique(np.fromiter(map(id, op_names), np.int64, op_names.size),
+                               return_index=True, return_inverse=True)
+    by_name = np.bincount(code.ravel(), weights=self_us, minlength=first.size)
+    top = [(str(op_names[first[i]]), float(by_name[i]))
+           for i in np.argsort(-by_name, kind="stable")[:CPU_OPS_SHOWN]]
     return {
         "ops_per_step": float(in_window.sum()) / n_steps,
         "median_op_self_us": float(np.median(self_us)) if self_us.size else None,
         "short_op_pct": short_pct,
         "outside_ops_pct": outside_pct,
+        # Of it, the gaps of CPU_SHORT_OP_US or more: Python's own work between operators.
+        "long_gap_pct": max(outside_pct - short_gaps_pct, 0.0),
         "short_gap_pct": short_gaps_pct,
         # The step's time in making calls rather than in arithmetic: short operators' own time
         # and the short gaps between operators, where eager mode runs each call's Python.
@@ -95,7 +99,8 @@ def host_work_ops(columns: TraceColumns, host_window: tuple[float, float]
     ops = columns.cpu_ops
     candidate = operators(columns) & (ops.start >= low) & (ops.start < high) & (
         ops.end - ops.start >= HOST_OP_MIN_US)
-    if not candidate.any():
+    # Without runtime calls (a trace of GPU events alone) nothing tells what enqueued the work.
+    if not candidate.any() or not columns.runtime_enqueues.any():
         return Spans.empty(), np.empty(0, np.int64), []
     enqueue_starts = np.sort(columns.runtime.start[columns.runtime_enqueues])
     index = np.flatnonzero(candidate)
@@ -137,13 +142,16 @@ def without(a: Spans, a_label: np.ndarray, b: Spans) -> tuple[Spans, np.ndarray]
 
 
 def with_host_work_ops(regions, columns: TraceColumns, host_window: tuple[float, float]):
-    """The host regions (idle_causes.HostRegions) and, in the time no region or DataLoader span
-    holds, the host operators that enqueue no GPU work (host_work_ops), each a cause named
-    HOST_OP_CAUSE_PREFIX + its name: what the idle split names while the GPU waits."""
+    """The host regions (idle_causes.HostRegions) and, in the time no region, DataLoader span or
+    runtime call holds, the host operators that enqueue no GPU work (host_work_ops), each a cause
+    named HOST_OP_CAUSE_PREFIX + its name: what the idle split names while the GPU waits. A
+    runtime call inside one is the CUDA runtime's time (context creation under a first
+    aten::empty_strided, a sync), not the operator's work."""
     ops, label, names = host_work_ops(columns, host_window)
     if not ops.size:
         return regions
-    ops, label = without(ops, label, merge(concat(regions.segments, columns.dataloader)))
+    ops, label = without(ops, label, merge(concat(regions.segments, columns.dataloader,
+                                                  columns.runtime)))
     segments = concat(regions.segments, ops)
     labels = np.r_[regions.label, label + len(regions.names)].astype(np.int64)
     order = np.argsort(segments.start, kind="stable")

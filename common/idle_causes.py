@@ -107,43 +107,6 @@ INIT_FIXES = {
     "first_collective": "the first collective waits for every rank to start up"}
 
 
-def long_launch(columns: TraceColumns, host_window: tuple[float, float]) -> dict | None:
-    """{"launch_index": k (1-based, in the host window), "launch_ms", "median_launch_us"} of the
-    longest launch call of INIT_LAUNCH_MIN_MS or more during which the GPU was busy (kernels,
-    copies, memsets) less than INIT_LAUNCH_GPU_BUSY_MAX of the time; None without one."""
-    low, high = host_window
-    calls = columns.runtime_is_launch & (columns.runtime.start >= low) & (
-        columns.runtime.start < high)
-    start, end = columns.runtime.start[calls], columns.runtime.end[calls]
-    order = np.argsort(start, kind="stable")
-    start, end = start[order], end[order]
-    duration = end - start
-    idle_wait = duration >= INIT_LAUNCH_MIN_MS * US_PER_MS
-    if idle_wait.any():  # the GPU's busy time is merged only for such a call (seldom)
-        idle_wait[idle_wait] = gpu_idle_during(columns, start[idle_wait], end[idle_wait])
-    if not idle_wait.any():
-        return None
-    k = int(np.argmax(np.where(idle_wait, duration, -1.0)))
-    return {"launch_index": k + 1, "launch_ms": float(duration[k]) / US_PER_MS,
-            "median_launch_us": float(np.median(duration))}
-
-
-def initialization(columns: TraceColumns, host_window: tuple[float, float]) -> dict | None:
-    """The long launch call alone (long_launch): what analyze reports until it reads
-    initialization_regime."""
-    return long_launch(columns, host_window)
-
-
-def initialization_warning(found: dict | None) -> str | None:
-    if not found:
-        return None
-    return (f"the window holds initialization, not steady state: launch call "
-            f"{found['launch_index']} took {found['launch_ms']:.0f} ms (median "
-            f"{found['median_launch_us']:.1f} us), lazy module loading or context creation; "
-            f"record later steps (torch.profiler.schedule with wait/warmup) for steady-state "
-            f"numbers")
-
-
 def gpu_idle_during(columns: TraceColumns, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For each [start, end]: the GPU (kernels, copies, memsets) busy less than
     INIT_LAUNCH_GPU_BUSY_MAX of it; never, in a trace without GPU work (a GPU the profiler did
@@ -388,6 +351,16 @@ def initialization_regime(columns: TraceColumns, host: Spans, steps: Spans) -> d
                                + first_calls(columns, host) + compile_spans(columns, host)
                                + first_collectives(columns, host, steps))
              if item["end_us"] > low and item["start_us"] < high]
+    # Start-up comes first: the spans in the run of steps, from the first, that each hold one. A
+    # span after a step that holds none is the steady state's own (a kernel only a later step
+    # launches, a collective that waits on a slow rank), not start-up.
+    cut = None
+    for k in range(host.size):
+        begins = host.start[k] if k else -np.inf
+        if not any(begins <= item["start_us"] < host.end[k] for item in found):
+            break
+        cut = float(host.end[k])
+    found = [item for item in found if cut is not None and item["start_us"] < cut]
     if not found:
         return None
     found.sort(key=lambda item: (item["start_us"], -item["end_us"]))

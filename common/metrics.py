@@ -100,6 +100,8 @@ def host_memory_pct(columns: TraceColumns, copies: np.ndarray, duration_us: np.n
     time = float(duration_us.sum())
     if not (pinned | pageable).any() or time <= 0:
         return None, None
+    if pinned.all() or pageable.all():  # exactly all: 100 * x / x need not be 100.0
+        return (100.0, 0.0) if pinned.all() else (0.0, 100.0)
     return (100.0 * float(duration_us[pinned].sum()) / time,
             100.0 * float(duration_us[pageable].sum()) / time)
 

@@ -406,7 +406,8 @@ def hand_host_regions(events: list[dict]) -> list[tuple[float, float, str]]:
 def hand_host_work_ops(events: list[dict], regions: list) -> list[tuple[float, float, str]]:
     """Host operators in the host steps that run HOST_OP_MIN_US or more with no enqueuing
     runtime call starting inside them (any thread): the outermost of them, clipped where an
-    earlier one still runs, less the host regions' time; named "CPU op <name>"."""
+    earlier one still runs, less the host regions' and the runtime calls' time; named
+    "CPU op <name>"."""
     steps = host_steps(events)
     low, high = steps[0][0], steps[-1][1]
     enqueue_starts = sorted(start(e) for e in events
@@ -417,12 +418,14 @@ def hand_host_work_ops(events: list[dict], regions: list) -> list[tuple[float, f
                     and bisect.bisect_left(enqueue_starts, start(e))
                     == bisect.bisect_left(enqueue_starts, end(e))),
                    key=lambda op: (op[0], -op[1]))
+    calls = [(start(e), end(e), "") for e in events if e.get("cat") in RUNTIME]
+    taken = sorted(regions + calls)
     pieces, reach = [], -math.inf
     for s, t, name in quiet:
         if t <= reach:  # inside an earlier one
             continue
         s, reach = max(s, reach), t
-        for a, b, _ in sorted(regions):
+        for a, b, _ in taken:
             if b > s and a < t:
                 if a > s:
                     pieces.append((s, a, HOST_OP_CAUSE_PREFIX + name))
