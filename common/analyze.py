@@ -104,10 +104,10 @@ def idle_causes(*splits: dict[str, float]) -> list[str]:
     return [IDLE_CAUSES[0], *regions, *IDLE_CAUSES[1:]]
 
 
-def device_kind(columns, has_gpu: bool, gpu_props: dict) -> str:
-    """"rocm" (an AMD GPU), "cuda" (NVIDIA) or "cpu" (no GPU work in the trace, and no runtime
-    call that enqueues any: gpu_unrecorded)."""
-    if not has_gpu and not gpu_unrecorded(columns, has_gpu):
+def device_kind(columns, gpu_run: bool, gpu_props: dict) -> str:
+    """"rocm" (an AMD GPU), "cuda" (NVIDIA) or "cpu": no GPU work in the trace, and no runtime
+    call that enqueues any (`gpu_run` False; gpu_unrecorded)."""
+    if not gpu_run:
         return "cpu"
     name = str(gpu_props.get("name") or "") if isinstance(gpu_props, dict) else ""
     amd = columns.hip_runtime or any(marker in name for marker in AMD_DEVICE_MARKERS)
@@ -171,7 +171,8 @@ def analyze(path: Path) -> Analysis:
     step_ms = (steps.end - steps.start) / US_PER_MS
     has_gpu = bool(columns.kernels.size or columns.memcpy.size or columns.memset.size)
     # A GPU run whose GPU the profiler did not record: its memory events and device are the GPU's.
-    gpu_run = has_gpu or bool(gpu_unrecorded(columns, has_gpu))
+    unrecorded_calls = gpu_unrecorded(columns, has_gpu)
+    gpu_run = has_gpu or bool(unrecorded_calls)
 
     device_type = CUDA_DEVICE_TYPE if gpu_run else trace.CPU_DEVICE_TYPE
     memory_mask = columns.memory_device_type == device_type
@@ -191,7 +192,7 @@ def analyze(path: Path) -> Analysis:
     regions = host_regions(columns)  # record_function ranges that are host work
     metrics = {
         "trace": str(trace_path),
-        "device": device_kind(columns, has_gpu, gpu_props),
+        "device": device_kind(columns, gpu_run, gpu_props),
         "gpu_name": gpu_props.get("name") if isinstance(gpu_props, dict) else None,
         "steps": int(n_steps),
         "step_ms": {"mean": float(step_ms.mean()), "p50": float(np.percentile(step_ms, 50)),
@@ -267,7 +268,7 @@ def analyze(path: Path) -> Analysis:
     # Events the profiler wrote that cannot be true, left out of every number above, by kind.
     metrics["impossible_events"] = columns.impossible
     # A GPU run the profiler recorded without its GPU: said, and read as no GPU (no GPU rules).
-    metrics["gpu_unrecorded_calls"] = gpu_unrecorded(columns, has_gpu)
+    metrics["gpu_unrecorded_calls"] = unrecorded_calls
     metrics["warnings"] = [line for line in (
         sanity.warning_line(columns.impossible),
         initialization_regime_warning(metrics["initialization"]),
