@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.idle_causes import enqueues_nothing
 from common.intervals import Spans, concat, merge, union_in
 from common.trace_columns import TraceColumns
 from common.trace_steps import US_PER_MS, self_time_us
@@ -102,11 +103,8 @@ def host_work_ops(columns: TraceColumns, host_window: tuple[float, float]
     # Without runtime calls (a trace of GPU events alone) nothing tells what enqueued the work.
     if not candidate.any() or not columns.runtime_enqueues.any():
         return Spans.empty(), np.empty(0, np.int64), []
-    enqueue_starts = np.sort(columns.runtime.start[columns.runtime_enqueues])
     index = np.flatnonzero(candidate)
-    quiet = (np.searchsorted(enqueue_starts, ops.end[index], side="left")
-             == np.searchsorted(enqueue_starts, ops.start[index], side="left"))
-    index = index[quiet]
+    index = index[enqueues_nothing(columns, ops.start[index], ops.end[index])]
     if not index.size:
         return Spans.empty(), np.empty(0, np.int64), []
     index = index[np.lexsort((-ops.end[index], ops.start[index]))]  # outer before inner

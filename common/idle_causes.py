@@ -546,6 +546,15 @@ def innermost(spans: Spans, label: np.ndarray) -> tuple[Spans, np.ndarray]:
             np.array([p[2] for p in pieces], dtype=np.int64))
 
 
+def enqueues_nothing(columns: TraceColumns, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For each [start, end): no runtime call that enqueues GPU work (a launch, graph launch,
+    copy or memset) starts in it, on any thread. Host regions and host operators are host work
+    by this test."""
+    enqueue_starts = np.sort(columns.runtime.start[columns.runtime_enqueues])
+    return (np.searchsorted(enqueue_starts, end, side="left")
+            == np.searchsorted(enqueue_starts, start, side="left"))
+
+
 def host_regions(columns: TraceColumns) -> HostRegions:
     """The host regions of the whole trace (definition above): which candidates qualify, and the
     instants each name holds, innermost first, less the DataLoader's."""
@@ -555,9 +564,7 @@ def host_regions(columns: TraceColumns) -> HostRegions:
     # which initialization_regime counts: no host region of the user's.
     compiling = np.fromiter((COMPILE_MARKER in str(name)
                              for name in columns.annotation_names), bool, candidates.size)
-    enqueue_starts = np.sort(columns.runtime.start[columns.runtime_enqueues])
-    quiet = (np.searchsorted(enqueue_starts, candidates.end, side="left")
-             == np.searchsorted(enqueue_starts, candidates.start, side="left")) & (duration > 0) & (
+    quiet = enqueues_nothing(columns, candidates.start, candidates.end) & (duration > 0) & (
         ~compiling)
     outside = np.zeros(candidates.size)
     if quiet.any():  # the operators that overlap a quiet candidate (a few), merged
