@@ -37,6 +37,7 @@ from common.idle_causes import (
     initialization_regime_warning,
 )
 from common.intervals import Spans, concat, merge, union_in
+from common.memory import GROWTH_FIT_MIN_STEPS, memory_metrics
 from common.metrics import (
     SHORT_KERNEL_US,
     attention_metrics,
@@ -63,7 +64,10 @@ from common.verdicts import (
 )
 
 CUDA_DEVICE_TYPE = 1  # "Device Type" of a [memory] event (c10::DeviceType): 0 CPU, 1 CUDA
-# (PyTorch on ROCm calls its GPU "cuda" too: torch.device("cuda"), the same device type).
+# PyTorch on ROCm calls its GPU "cuda" (torch.device("cuda")), but its allocator's [memory] events
+# may say HIP: the shared MI300X Qwen trace's 2,588 GPU events are Device Type 6.
+HIP_DEVICE_TYPE = 6
+GPU_DEVICE_TYPES = (CUDA_DEVICE_TYPE, HIP_DEVICE_TYPE)
 # An AMD GPU: its runtime calls are HIP's (hipLaunchKernel, ...), or, in a trace without runtime
 # calls, its deviceProperties name says so ("AMD Instinct MI250X", "AMD Radeon Graphics"; Kineto on
 # ROCm writes warpSize 64 there, NVIDIA's is 32).
@@ -174,8 +178,8 @@ def analyze(path: Path) -> Analysis:
     unrecorded_calls = gpu_unrecorded(columns, has_gpu)
     gpu_run = has_gpu or bool(unrecorded_calls)
 
-    device_type = CUDA_DEVICE_TYPE if gpu_run else trace.CPU_DEVICE_TYPE
-    memory_mask = columns.memory_device_type == device_type
+    device_types = GPU_DEVICE_TYPES if gpu_run else (trace.CPU_DEVICE_TYPE,)
+    memory_mask = np.isin(columns.memory_device_type, device_types)
     memory_ts = columns.memory_ts[memory_mask]
     memory_mb = columns.memory_bytes[memory_mask] / trace.BYTES_PER_MB
     order = np.argsort(memory_ts, kind="stable")
@@ -209,6 +213,9 @@ def analyze(path: Path) -> Analysis:
         # Beyond the issue's list: the GPU's memory (for the activation-memory verdict), the
         # window and the plugin-style breakdown of an average step.
         "device_memory_mb": float(total_memory) / trace.BYTES_PER_MB if total_memory else None,
+        # Memory over the recorded steps: at each step's end, its growth, what earlier steps
+        # kept, the peak and what it is made of (common/memory.py; null without [memory] events).
+        "memory": memory_metrics(columns, device_types, host),
         "window_ms": span / US_PER_MS,
         # The median batch dimension of the forward conv/linear calls in the host steps (shapes;
         # null without shapes): tells a small batch from many small ops (input_batch_of).
@@ -385,6 +392,7 @@ def format_human(result: dict) -> str:
              f"DataLoader   {result['dataloader_pct']:.1f} % of the steps",
              f"peak memory  {fmt(result['peak_memory_mb'], '.0f', ' MB')}"
              + (f" of {result['device_memory_mb']:.0f} MB" if result["device_memory_mb"] else "")]
+    lines += memory_lines(result["memory"])
     if result["input_batch"] is not None:
         lines.append(f"batch        {result['input_batch']:.0f} (median batch dimension of the "
                      f"forward conv/linear inputs, from record_shapes)")
@@ -470,6 +478,42 @@ def format_human(result: dict) -> str:
                      + (f" - see demos/{found['demo']}/" if found["demo"] else ""))
     return "\n".join(lines)
 
+
+
+PEAK_PART_WORDS = {"before_steps": "before the steps", "kept": "kept from earlier steps",
+                   "forward": "its step's forward"}  # the others print as their key
+
+
+def memory_lines(memory: dict | None) -> list[str]:
+    """Memory over the recorded steps (common/memory.py): allocated at the first and last step's
+    end, the growth fit, what earlier steps kept and by whom; the steps' peak and its parts."""
+    if not memory:
+        return []
+    ends = memory["allocated_mb_at_step_end"]
+    growth = (f"{memory['growth_mb_per_step']:+,.2f} MB/step (R^2 {memory['growth_fit_r2']:.2f})"
+              if memory["growth_mb_per_step"] is not None else
+              f"no growth fit (it needs {GROWTH_FIT_MIN_STEPS} recorded steps)")
+    kept = ""
+    if memory["kept_mb_per_step"] is not None:
+        kept = f"; kept {memory['kept_mb_per_step']:,.2f} MB/step" + "".join(
+            f"{', by' if k == 0 else ','} {op['operator']} {op['mb_per_step']:,.2f}"
+            for k, op in enumerate(memory["kept_by_operator"]))
+    parts = ", ".join(f"{PEAK_PART_WORDS.get(part, part)} {mb:,.1f}"
+                      for part, mb in memory["peak_breakdown_mb"].items() if mb is not None)
+    reserved = (f"; reserved {memory['steps_peak_reserved_mb']:,.1f} MB at its peak, "
+                f"{memory['reserved_unallocated_mb']:,.1f} MB of it unallocated"
+                if memory["steps_peak_reserved_mb"] is not None else "")
+    phases = ("the harness's regions" if memory["peak_phases_from"] == "regions"
+              else "autograd's and torch.optim's operators; forward is in other")
+    allocating = ", ".join(f"{op['operator']} {op['mb_per_step']:,.2f} MB/step "
+                           f"({op['allocations_per_step']:,.1f} allocations)"
+                           for op in memory["allocating_operators"])
+    return [f"memory       allocated at step ends {ends[0]:,.1f} -> {ends[-1]:,.1f} MB "
+            f"({memory['steps_read']} step{'' if memory['steps_read'] == 1 else 's'}), "
+            f"{growth}{kept}",
+            f"memory peak  {memory['steps_peak_allocated_mb']:,.1f} MB allocated in the steps "
+            f"(step {memory['steps_peak_step'] + 1}): {parts} (phases by {phases}){reserved}",
+            *([f"memory ops   allocating most: {allocating}"] if allocating else [])]
 
 
 def host_region_lines(regions: dict) -> list[str]:

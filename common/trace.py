@@ -191,7 +191,7 @@ def load_trace(path: Path) -> dict:
 # A field that is absent, or null where null is allowed, reads as its default. Fields the
 # analyzer turns into numbers are typed; the others are Any (ROCm traces write "stream" as a
 # string, say), so an odd value there never sends a trace to the slower plain reader.
-ARG_FIELDS = (
+ARG_FIELDS = (  # of complete events ("X")
     ("correlation", "correlation", int, -1),  # CUPTI's id from a launch to its kernel or copy
     ("external_id", "External id", Any, None),  # runtime call or kernel -> its cpu_op
     # Operators' input shapes (record_shapes=True): left as its JSON text (msgspec.Raw) by the
@@ -199,11 +199,20 @@ ARG_FIELDS = (
     ("input_dims", "Input Dims", msgspec.Raw if msgspec else Any, None),
     ("device", "device", Any, None),  # GPU events: where they ran
     ("stream", "stream", Any, None),
-    ("total_allocated", "Total Allocated", int | float | None, None),  # [memory] events
-    ("device_type", "Device Type", int, -1),
-    ("bytes", "Bytes", Any, None),
     ("copy_bytes", "bytes", Any, None),  # GPU copies: their size
     ("call_from", "CallFrom", Any, None),  # python_function (with_stack): the caller's file:line
+)
+# Of instant events ("i"): the [memory] events of profile_memory=True, one per allocation (Bytes
+# > 0) or free (Bytes < 0) of the allocator, with its totals after it (Total Reserved: the CUDA
+# caching allocator's reserved bytes, 0 on a CPU). A struct of their own: the spans' args decode
+# none of these fields, and these decode none of the spans'.
+MEMORY_ARG_FIELDS = (
+    ("total_allocated", "Total Allocated", int | float | None, None),
+    ("total_reserved", "Total Reserved", int | float | None, None),
+    ("device_type", "Device Type", int, -1),  # c10::DeviceType: 0 CPU, 1 CUDA, 6 HIP
+    ("device_id", "Device Id", int, -1),  # which GPU (-1 on a CPU)
+    ("bytes", "Bytes", int | float | None, None),
+    ("addr", "Addr", int | None, None),  # the block's address: an allocation and its free share it
 )
 EVENT_FIELDS = (  # and "ph", the phase: a class attribute of each typed event (PHASE_FIELDS)
     ("cat", "cat", str | None, None),
@@ -213,15 +222,16 @@ EVENT_FIELDS = (  # and "ph", the phase: a class attribute of each typed event (
     ("pid", "pid", Any, None),
     ("tid", "tid", Any, None),
     ("id", "id", Any, None),  # flow events ("s", "f") pair up by it
-    ("args", "args", None, None),  # ARG_FIELDS; an absent or null args reads as all defaults
-)
+    ("args", "args", None, None),  # ARG_FIELDS ("X") or MEMORY_ARG_FIELDS ("i"); an absent or
+)  # null args reads as all defaults
 # Which fields each phase of event gets (Chrome's Trace Event Format). Every decoded field costs
 # time, in the decoder and again when the event is freed: decoding and freeing a 135 MB trace took
 # 0.52 s with every field on every phase, 0.41 s with these. Add a field where code reads it.
 PHASE_FIELDS = {
     "X": tuple(attr for attr, *_ in EVENT_FIELDS),  # complete events: spans, every field above
-    "i": ("name", "ts", "args"),  # instant events: [memory] (Total Allocated, Device Type)
+    "i": ("name", "ts", "tid", "args"),  # instant events: [memory] (MEMORY_ARG_FIELDS)
 }
+PHASE_ARGS = {"i": MEMORY_ARG_FIELDS}  # the args of a phase not named here: ARG_FIELDS
 # The other phases (flows "s"/"f": a third of a Kineto trace's events, metadata "M", ...) are
 # decoded with no field (their "id", say, cost 0.07 s more in 135 MB): only their "ph" is known.
 OTHER_PHASES = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V",
@@ -232,16 +242,19 @@ def typed_decoders():
     """msgspec decoders: of a list of events (one Struct per phase, tagged by "ph", so msgspec
     picks the Struct from the event; a phase outside the format is a ValidationError), and of
     the top-level object (every value kept as its raw text: checks the JSON, makes no objects)."""
-    args_type = msgspec.defstruct("Args", [(attr, kind, msgspec.field(name=key, default=default))
-                                           for attr, key, kind, default in ARG_FIELDS],
-                                  gc=False, frozen=True)
-    no_args = args_type()
-    fields = {attr: (attr, args_type if attr == "args" else kind,
-                     msgspec.field(name=key, default=no_args if attr == "args" else default))
-              for attr, key, kind, default in EVENT_FIELDS}
+    def event_fields(phase: str) -> list:
+        arg_fields = PHASE_ARGS.get(phase, ARG_FIELDS)
+        args_type = msgspec.defstruct(f"Args{ord(phase)}", [
+            (attr, kind, msgspec.field(name=key, default=default))
+            for attr, key, kind, default in arg_fields], gc=False, frozen=True)
+        no_args = args_type()
+        fields = {attr: (attr, args_type if attr == "args" else kind,
+                         msgspec.field(name=key, default=no_args if attr == "args" else default))
+                  for attr, key, kind, default in EVENT_FIELDS}
+        return [fields[attr] for attr in PHASE_FIELDS.get(phase, ())]
+
     # gc=False: the collector need not track millions of events that hold no cycles.
-    kinds = tuple(msgspec.defstruct(f"Event{ord(phase)}",
-                                    [fields[attr] for attr in PHASE_FIELDS.get(phase, ())],
+    kinds = tuple(msgspec.defstruct(f"Event{ord(phase)}", event_fields(phase),
                                     namespace={"ph": phase}, tag_field="ph", tag=phase, gc=False)
                   for phase in (*PHASE_FIELDS, *OTHER_PHASES))
     return (msgspec.json.Decoder(list[Union[kinds]]),
@@ -256,7 +269,8 @@ def decoded(value):
     return msgspec.json.decode(value) if msgspec and isinstance(value, msgspec.Raw) else value
 
 
-NO_PLAIN_ARGS = SimpleNamespace(**{attr: default for attr, _, _, default in ARG_FIELDS})
+PLAIN_ARG_FIELDS = ARG_FIELDS + MEMORY_ARG_FIELDS  # the plain reader gives every event both
+NO_PLAIN_ARGS = SimpleNamespace(**{attr: default for attr, _, _, default in PLAIN_ARG_FIELDS})
 
 
 def plain_event(event: dict) -> SimpleNamespace:
@@ -264,7 +278,7 @@ def plain_event(event: dict) -> SimpleNamespace:
     fields = {attr: event.get(key, default) for attr, key, _, default in EVENT_FIELDS}
     args = fields["args"]
     fields["args"] = (SimpleNamespace(**{attr: args.get(key, default)
-                                         for attr, key, _, default in ARG_FIELDS})
+                                         for attr, key, _, default in PLAIN_ARG_FIELDS})
                       if isinstance(args, dict) else NO_PLAIN_ARGS)
     return SimpleNamespace(ph=event.get("ph"), **fields)
 
@@ -294,7 +308,8 @@ class ReadAsDicts(Exception):
 
 def event_pieces(path: Path, chunk_bytes: int | None = None):
     """(the top-level object without traceEvents, an iterator over lists of events). Each event
-    has ph and the attributes of EVENT_FIELDS, its args those of ARG_FIELDS. With msgspec the
+    has ph and the attributes of EVENT_FIELDS, its args those of ARG_FIELDS (an instant event's:
+    MEMORY_ARG_FIELDS; the plain reader's: both). With msgspec the
     file streams in (typed_pieces); keys after traceEvents join the top-level object when the
     iterator ends, and it raises ReadAsDicts where msgspec cannot take the file: read it with
     plain_pieces(path, read_bytes(path)) then. Without msgspec: plain_pieces, which raises

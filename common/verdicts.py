@@ -3,6 +3,7 @@ its evidence, the fix and the demo that shows it."""
 from __future__ import annotations
 
 from common.host_ops import CPU_SHORT_OP_US, HOST_OP_CAUSE_PREFIX
+from common.memory import GROWTH_FIT_MIN_STEPS
 from common.metrics import SHORT_KERNEL_US
 from common.trace_steps import US_PER_MS
 
@@ -102,6 +103,21 @@ GRAPH_REPLAYED_MIN_PCT = 50.0  # % of the kernels
 # window (gpu.exposed_comm_pct; TraceLens's "exposed communication"). A fifth of the step with
 # the GPU only waiting on the network, as the DataLoader's 20 % is a fifth waiting on data.
 EXPOSED_COMM_MIN_PCT = 20.0  # % of the window
+# Memory growth (a leak): the memory allocated at each recorded step's end rises along a line
+# (memory.growth_fit: least squares over the step index, from memory.GROWTH_FIT_MIN_STEPS steps).
+# R^2 at least 0.9: the line explains nine tenths of the spread, which start-up that grows for two
+# of five steps and then holds (0.78) and a one-off jump in the second of five (0.5) do not reach.
+MEMORY_GROWTH_R2_MIN = 0.9
+# At least 1 % of the steps' peak allocated a step (the issue's bound for "flat"): below it the
+# memory is flat for the rule, whatever the fit (the allocator's noise, a counter's few bytes).
+MEMORY_GROWTH_MIN_PCT = 1.0  # % of the steps' peak allocated, per step
+# ...and at that rate the memory would be full within this many steps: a day of training at about
+# a step a second (86,400 steps), rounded up. A slower leak needs the same fix, but ends no run.
+MEMORY_GROWTH_FULL_WITHIN_STEPS = 100_000  # steps
+# The memory that fills, where the trace gives none (a CPU run; a GPU trace without
+# deviceProperties): 16 GB, a laptop's or a small VM's RAM and the smallest data-centre GPUs'
+# (V100 16 GB, T4 16 GB). Smaller than most machines: the rule errs towards speaking.
+MEMORY_ASSUMED_CAPACITY_MB = 16_000.0  # MB
 # Severity: "high" when a value is twice its threshold (half, for an upper limit). Our choice,
 # only to order the findings.
 SEVERITY_HIGH_FACTOR = 2.0
@@ -597,6 +613,50 @@ def rule_activation_memory(m: dict) -> dict | None:
         "activation_checkpointing" if m.get("training", True) else None)
 
 
+def rule_memory_growth(m: dict) -> dict | None:
+    """Memory allocated at the steps' ends grows along a line (memory.memory_metrics), by at least
+    MEMORY_GROWTH_MIN_PCT of the steps' peak a step, fast enough to fill the memory within
+    MEMORY_GROWTH_FULL_WITHIN_STEPS steps: something each step allocates outlives it."""
+    memory = m.get("memory")
+    if not memory or memory["growth_fit_r2"] is None:
+        return None
+    growth, r2 = memory["growth_mb_per_step"], memory["growth_fit_r2"]
+    peak = memory["steps_peak_allocated_mb"]
+    pct = 100.0 * growth / peak if peak > 0 else 0.0
+    if r2 < MEMORY_GROWTH_R2_MIN or pct < MEMORY_GROWTH_MIN_PCT:
+        return None
+    capacity = m.get("device_memory_mb")
+    of = (f"the GPU's {capacity:,.0f} MB" if capacity else
+          f"{MEMORY_ASSUMED_CAPACITY_MB:,.0f} MB (assumed: the trace gives no memory size)")
+    capacity = capacity or MEMORY_ASSUMED_CAPACITY_MB
+    full_in = max(0.0, (capacity - memory["allocated_mb_at_step_end"][-1]) / growth)
+    if full_in > MEMORY_GROWTH_FULL_WITHIN_STEPS:
+        return None
+    ends = memory["allocated_mb_at_step_end"]
+    evidence = (
+        f"memory grows {growth:,.2f} MB a step ({pct:.1f} % of the steps' peak {peak:,.1f} MB): "
+        f"allocated at the ends of {memory['steps_read']} recorded steps {ends[0]:,.1f} -> "
+        f"{ends[-1]:,.1f} MB, a line with R^2 {r2:.2f}; at that rate it fills {of} in "
+        f"{full_in:,.0f} steps")
+    kept = memory["kept_by_operator"]
+    if kept:
+        evidence += (f"; kept from each step and never freed: {memory['kept_mb_per_step']:,.2f} "
+                     f"MB a step, allocated by " + ", ".join(
+                         f"{op['operator']} ({op['mb_per_step']:,.2f} MB, "
+                         f"{op['allocations_per_step']:.1f} allocations a step)" for op in kept))
+    evidence += (f" (rule: R^2 >= {MEMORY_GROWTH_R2_MIN:g} over >= {GROWTH_FIT_MIN_STEPS} steps, "
+                 f">= {MEMORY_GROWTH_MIN_PCT:g} % of the peak a step, full within "
+                 f"{MEMORY_GROWTH_FULL_WITHIN_STEPS:,} steps)")
+    return finding(
+        "memory_growth", severity(full_in, MEMORY_GROWTH_FULL_WITHIN_STEPS, upper_limit=True),
+        evidence,
+        "keep nothing across steps that holds a step's tensors or its autograd graph: sum "
+        "loss.detach() (or read loss.item() every N steps) instead of adding the loss tensor to "
+        "a total; append detached summaries (.detach(), .argmax(-1), a running count of correct "
+        "predictions) instead of outputs that hold their graph; clear lists and caches you fill "
+        "each step", "memory_leak")
+
+
 def copies_up(up: dict) -> str:
     """"2.0 copies a step of 77.1 MB each at 7.8 GB/s, all from pageable memory": the
     host-to-device copies as the trace shows them (metrics.copy_metrics)."""
@@ -739,8 +799,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
 
 
 RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch, rule_fp32_matmul,
-         rule_activation_memory, rule_launch_overhead, rule_host_overhead, rule_cpu_op_overhead,
-         rule_python_between_ops, rule_host_sync,
+         rule_activation_memory, rule_memory_growth, rule_launch_overhead, rule_host_overhead,
+         rule_cpu_op_overhead, rule_python_between_ops, rule_host_sync,
          rule_host_roundtrip, rule_h2d_copy,
          rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)
 
@@ -749,11 +809,14 @@ RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch
 # calls, compiling): when it holds at least this share of the window, the verdicts that read idle
 # time or shares of the window (STEADY_STATE_RULES) are withheld, and a finding says why. The
 # smallest share any of them fires on (host_sync's): initialization alone could make one fire.
+# memory_growth too: start-up allocates as it goes (cuBLAS and cuDNN workspaces, autotuning,
+# compiled graphs' buffers, the optimizer's state on its first step), and start-up that compiles a
+# step at a time grows along a line as a leak does; its memory is not a leak.
 INIT_WITHHOLD_MIN_PCT = HOST_SYNC_IDLE_MIN_PCT  # % of the window in initialization
 STEADY_STATE_RULES = ("dataloader", "host_region", "host_work_ops", "small_batch",
                       "launch_overhead", "exposed_communication", "unfused_optimizer",
                       "host_overhead", "host_sync", "host_roundtrip", "h2d_copy",
-                      "cpu_op_overhead", "python_between_ops")
+                      "cpu_op_overhead", "python_between_ops", "memory_growth")
 
 
 def rule_initialization(m: dict) -> dict | None:
@@ -768,7 +831,8 @@ def findings_for(metrics: dict) -> list[dict]:
     found = [f for f in (rule(metrics) for rule in RULES) if f]
     start_up = rule_initialization(metrics)
     if start_up:  # what reads idle time reads the start-up's: withheld, and said
-        withheld = [f["id"] for f in found if f["id"] in STEADY_STATE_RULES]
+        withheld = [f["id"] + (" (its memory)" if f["id"] == "memory_growth" else "")
+                    for f in found if f["id"] in STEADY_STATE_RULES]
         found = [start_up] + [f for f in found if f["id"] not in STEADY_STATE_RULES]
         start_up["evidence"] += (
             f" (rule: >= {INIT_WITHHOLD_MIN_PCT:.0f} % of the window; withheld, as they would "

@@ -120,6 +120,15 @@ EDITS = (
     Edit("a GPU run without GPU events read as a CPU run", "common/analyze.py",
          "    gpu_run = has_gpu or bool(unrecorded_calls)",
          "    gpu_run = has_gpu", ("tests/test_new_user_traces.py",)),
+    # Memory over the steps (memory.py) and its verdict.
+    Edit("memory_growth's R^2 >= made >", "common/verdicts.py",
+         "if r2 < MEMORY_GROWTH_R2_MIN or", "if r2 <= MEMORY_GROWTH_R2_MIN or",
+         ("tests/test_memory.py",)),
+    Edit("kept memory counts blocks freed before the window's end", "common/memory.py",
+         "kept = allocation & (step_of < n_steps - 1) & (freed_at > high)",
+         "kept = allocation & (step_of < n_steps - 1)", ("tests/test_memory.py",)),
+    Edit("an allocation named by its innermost operator", "common/memory.py",
+         "    outer = start >= reach\n", "    outer = start == start\n", ("tests/test_memory.py",)),
 )
 
 

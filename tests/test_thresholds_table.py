@@ -25,7 +25,8 @@ OTHER_THRESHOLDS = ("metrics.SHORT_KERNEL_US", "host_ops.CPU_SHORT_OP_US", "metr
                     "idle_causes.INIT_FIRST_LAUNCH_MIN_MS", "idle_causes.INIT_FIRST_CALL_MIN_MS",
                     "idle_causes.INIT_FIRST_CALL_RATIO", "idle_causes.INIT_MOSTLY_MIN_PCT",
                     "idle_causes.INIT_STEADY_MIN_PCT", "host_ops.HOST_OP_MIN_US", "compare.FEW_STEPS",
-                    "compare.STEP_SPREAD_MAX", "trace.PROFILER_OVERHEAD_WARN_RATIO")
+                    "compare.STEP_SPREAD_MAX", "trace.PROFILER_OVERHEAD_WARN_RATIO",
+                    "memory.GROWTH_FIT_MIN_STEPS")
 # The constants each rule's "fires when" cell states as a number (a constant stated in words,
 # such as "launch-call time >= kernel time" for LAUNCH_TO_KERNEL_TIME_MIN, is left out).
 RULE_CONSTANTS = {
@@ -35,6 +36,9 @@ RULE_CONSTANTS = {
                     "SMALL_BATCH_INPUT_BATCH_BELOW"),
     "fp32_matmul": ("FP32_GEMM_MIN_PCT",),
     "activation_memory": ("ACTIVATION_MEMORY_MIN_PCT", "ACTIVATION_MEMORY_HIGH_PCT"),
+    "memory_growth": ("MEMORY_GROWTH_R2_MIN", "memory.GROWTH_FIT_MIN_STEPS",
+                      "MEMORY_GROWTH_MIN_PCT", "MEMORY_GROWTH_FULL_WITHIN_STEPS",
+                      "MEMORY_ASSUMED_CAPACITY_MB"),
     "launch_overhead": ("LAUNCH_SHORT_KERNEL_MIN_PCT", "SMALL_BATCH_INPUT_BATCH_BELOW",
                         "GRAPH_REPLAYED_MIN_PCT", "metrics.SHORT_KERNEL_US"),
     "host_overhead": ("HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT", "SMALL_BATCH_INPUT_BATCH_BELOW",
