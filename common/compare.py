@@ -466,6 +466,8 @@ ROWS = [
     ("step p50 ms", lambda run: run["summary"].get("step_ms_p50"), ".1f", -1),
     ("step p95 ms", lambda run: run["summary"].get("step_ms_p95"), ".1f", -1),
     ("peak memory MB", lambda run: run["summary"].get("peak_memory_mb"), ".1f", -1),
+    # The caching allocator's peak (torch.cuda.max_memory_reserved; a GPU run's only).
+    ("peak reserved MB", lambda run: run["summary"].get("peak_reserved_mb"), ".1f", -1),
     ("data wait %", lambda run: run["summary"].get("data_wait_pct"), ".1f", -1),
     ("profiled/timed step", lambda run: profiler_overhead_ratio(run["summary"]), ".2f", 0),
     # The recorded steps' time, for runs without a timed phase (traces from elsewhere).
@@ -475,6 +477,10 @@ ROWS = [
      ".1f", -1),
     ("trace peak memory MB",
      lambda run: None if run["summary"] else run["analysis"]["peak_memory_mb"], ".1f", -1),
+    # Memory allocated at the recorded steps' ends, its least-squares slope (memory.py; null
+    # from fewer than memory.GROWTH_FIT_MIN_STEPS steps or without memory events).
+    ("memory growth MB/step",
+     lambda run: (run["analysis"].get("memory") or {}).get("growth_mb_per_step"), ".2f", -1),
     ("DataLoader %", lambda run: run["analysis"]["dataloader_pct"], ".1f", -1),
     # The optimizer's two sides, each one definition applied to both runs (metrics.
     # optimizer_metrics): the CPU's time in its region outside runtime calls, and the region's

@@ -47,13 +47,24 @@ from common.devices import full_fp32_matmuls as full_fp32_matmuls
 from common.devices import require_compile_toolchain as require_compile_toolchain
 from common.profiling import CPROFILE_ROWS, measure
 from common.profiling import profile_loop as profile_loop
-from common.runs import CPROFILE_FILE, KEY_AVERAGES_FILE, Requests, Run
+from common.runs import (
+    CPROFILE_FILE,
+    KEY_AVERAGES_FILE,
+    MEMORY_SNAPSHOT_DEMOS_CUDA,
+    MEMORY_SNAPSHOT_FILE,
+    Requests,
+    Run,
+    fail,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "traces"
 # Token id 0 is padding in every text batch (padding_waste's random texts use 1..vocab-1;
 # tokenizer_bound's tokenizers number their [PAD] first).
 PAD_TOKEN_ID = 0
+# What the fragmentation pair says on a CPU, where it cannot show its effect.
+NO_CACHING_ALLOCATOR = ("a CPU has no caching allocator to fragment: reserved memory and "
+                        "expandable_segments exist only on CUDA, so bad and fixed run alike here")
 # Demos whose scripts run as several processes (common/distributed.py).
 DISTRIBUTED_DEMOS = frozenset({"ddp_no_sync"})
 
@@ -89,6 +100,11 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                         help=f"run the timed phase under cProfile: writes {CPROFILE_FILE} beside "
                              f"the trace and prints the top {CPROFILE_ROWS} functions by "
                              f"cumulative time (samples/s then includes cProfile's cost)")
+    parser.add_argument("--memory-snapshot", action="store_true",
+                        help=f"CUDA only: record the caching allocator's history over the "
+                             f"profiled steps (torch.cuda.memory._record_memory_history) and write "
+                             f"{MEMORY_SNAPSHOT_FILE} beside the trace; on by default for "
+                             f"{', '.join(sorted(MEMORY_SNAPSHOT_DEMOS_CUDA))}")
     return parser
 
 
@@ -108,6 +124,10 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     parser = build_parser(demo, variant)
     flags = parser.parse_args(argv)
     device = pick_device(flags.device, parser)
+    if flags.memory_snapshot and device.type != "cuda":
+        fail(f"--memory-snapshot: snapshots record the CUDA caching allocator and need a CUDA "
+             f"GPU (this run is on {device.type}); on a CPU, python -m common.analyze reads "
+             f"memory from the trace")
     dist_info = None
     if demo in DISTRIBUTED_DEMOS:
         if not torch.distributed.is_available():
@@ -144,7 +164,9 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
                preset_name=name, preset=preset, steps=flags.steps or preset.steps,
                seed=seed, out_dir=Path(flags.out) / demo / variant, rank=rank,
                world_size=world_size, distributed=dist_info, with_stack=flags.with_stack,
-               cprofile=flags.cprofile)
+               cprofile=flags.cprofile,
+               memory_snapshot=device.type == "cuda" and (flags.memory_snapshot
+                                                          or demo in MEMORY_SNAPSHOT_DEMOS_CUDA))
 
 
 def forever(loader: Iterable) -> Iterator:

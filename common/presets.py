@@ -14,6 +14,9 @@ class Preset:
     steps: int  # timed steps, without the profiler
     warmup_steps: int  # run before timing: allocator, cuDNN autotune, DataLoader workers start
     sizes: dict[str, int] = field(default_factory=dict)  # demo-specific model and data sizes
+    # Steps the profiler records; None: the schedule's default (runs.PROFILE_ACTIVE_STEPS). A demo
+    # whose lesson is a trend over the steps (memory growing) records more.
+    recorded_steps: int | None = None
 
 
 # The preset a demo may add for a CPU without BF16 matrix units (mixed_precision only).
@@ -93,6 +96,38 @@ PRESETS: dict[str, dict[str, Preset]] = {
                       sizes=dict(vocab=1024, d_model=128, heads=4, blocks=12, seq_len=512)),
         "smoke": Preset(batch_size=2, steps=3, warmup_steps=1,
                         sizes=dict(vocab=128, d_model=32, heads=2, blocks=4, seq_len=64)),
+    },
+    "memory_leak": {
+        # A 4-block transformer LM (d_model 512) over 16 x 512 tokens of a vocabulary of 8192: the
+        # logits bad.py keeps are 16 x 512 x 8192 x 4 bytes = 268 MB a step, beside ~0.5 GB of
+        # weights, gradients and AdamW state, so an 80 GB GPU fills in about 300 steps. 24 recorded
+        # steps: a fit of allocated memory over the steps needs many (the analyzer's minimum).
+        "cuda": Preset(batch_size=16, steps=30, warmup_steps=5, recorded_steps=24,
+                       sizes=dict(vocab=8192, d_model=512, heads=8, blocks=4, seq_len=512)),
+        # 2 blocks of d_model 128 over 8 x 128 tokens of 4096: 16.8 MB of logits kept a step, a
+        # few times the ~4 MB of weights, and ~50 ms a step on one core.
+        "cpu": Preset(batch_size=8, steps=20, warmup_steps=3, recorded_steps=24,
+                      sizes=dict(vocab=4096, d_model=128, heads=4, blocks=2, seq_len=128)),
+        # 8 recorded steps: enough for the analyzer's fit, and a smoke run still takes seconds.
+        # 2 x 64 x 2048 x 4 bytes = 1 MB of logits a step: at smaller sizes the leak would not
+        # fill the analyzer's assumed CPU memory within its horizon, and rightly no verdict fires.
+        "smoke": Preset(batch_size=2, steps=3, warmup_steps=1, recorded_steps=8,
+                        sizes=dict(vocab=2048, d_model=32, heads=2, blocks=1, seq_len=64)),
+    },
+    "fragmentation": {
+        # padding_waste's texts in random batches (median 128 tokens, up to 1024; 64 a batch)
+        # through a 4-block classifier of d_model 1024: every step's activations have another
+        # size, the pattern that strands cached blocks in the CUDA caching allocator.
+        "cuda": Preset(batch_size=64, steps=100, warmup_steps=10,
+                       sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=4, max_len=1024,
+                                  median_len=128, num_classes=10)),
+        # A CPU has no caching allocator to fragment: a short run that only shows the scripts work.
+        "cpu": Preset(batch_size=16, steps=5, warmup_steps=1,
+                      sizes=dict(vocab=1024, d_model=64, heads=2, blocks=1, max_len=256,
+                                 median_len=32, num_classes=10)),
+        "smoke": Preset(batch_size=8, steps=3, warmup_steps=1,
+                        sizes=dict(vocab=64, d_model=32, heads=2, blocks=1, max_len=128,
+                                   median_len=16, num_classes=10)),
     },
     "launch_overhead": {
         # 48 blocks 256 wide, batch 64: each kernel does ~8 M multiply-adds or less, a few us on an

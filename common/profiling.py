@@ -37,10 +37,10 @@ from common.devices import (
 )
 from common.runs import (
     CPROFILE_FILE,
-    PROFILE_ACTIVE_STEPS,
+    MEMORY_HISTORY_MAX_ENTRIES,
+    MEMORY_SNAPSHOT_FILE,
     PROFILE_WAIT_STEPS,
     PROFILE_WARMUP_STEPS,
-    PROFILED_STEPS,
     Requests,
     Run,
     clear_run_dir,
@@ -62,7 +62,8 @@ RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attent
 # which TensorBoard's Distributed view reads)
 # On a GPU the peak comes from torch.cuda.max_memory_allocated; the trace's memory events are the
 # lesson only where memory is. On a CPU every demo reads its peak from them.
-PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention"})
+PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention",
+                                       "memory_leak", "fragmentation"})
 
 
 def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
@@ -100,10 +101,12 @@ def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
     return wall_s, (ends - starts) * 1000.0
 
 
-def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray]:
+def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray, dict | None]:
     """Run a few steps under torch.profiler; write the gzip trace and the operator table into
-    run.out_dir (which measure() has emptied). Returns the trace's path and the recorded steps'
-    times in ms (the profiler's own cost included: compare them with the timed steps)."""
+    run.out_dir (which measure() has emptied), and on a GPU with run.memory_snapshot the
+    allocator's history. Returns the trace's path, the recorded steps' times in ms (the
+    profiler's own cost included: compare them with the timed steps) and, on a GPU, the memory
+    allocated and reserved at each recorded step's end (None on a CPU)."""
     sort_key = "self_cuda_time_total" if run.is_cuda else "self_cpu_time_total"
     # The trace is written outside the run folder and moved in only once it is final: a running
     # TensorBoard reads a run folder once, and must not catch it before the rewrite below.
@@ -122,14 +125,31 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
                      else run.record_shapes)
     profile_memory = (not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
                       if run.profile_memory is None else run.profile_memory)
+    # On a GPU the allocator's own counters at each step's end: they read the host's view (a
+    # tensor counts from the call that allocates it), cost no sync, and need no profile_memory.
+    memory_by_step = {"allocated_mb": [], "reserved_mb": []} if run.is_cuda else None
+
+    def after_step() -> None:
+        if memory_by_step is not None:
+            memory_by_step["allocated_mb"].append(
+                torch.cuda.memory_allocated(run.device) / trace.BYTES_PER_MB)
+            memory_by_step["reserved_mb"].append(
+                torch.cuda.memory_reserved(run.device) / trace.BYTES_PER_MB)
+        prof.step()
+
+    if run.memory_snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_MAX_ENTRIES)
     try:
         with profile(activities=activities,
                      schedule=schedule(wait=PROFILE_WAIT_STEPS, warmup=PROFILE_WARMUP_STEPS,
-                                       active=PROFILE_ACTIVE_STEPS, repeat=1),
+                                       active=run.recorded_steps, repeat=1),
                      on_trace_ready=on_trace_ready, record_shapes=record_shapes,
                      profile_memory=profile_memory, with_stack=run.with_stack,
                      experimental_config=experimental) as prof:
-            _, step_ms = clocked_steps(run, step, PROFILED_STEPS, "profiling", after_step=prof.step)
+            _, step_ms = clocked_steps(run, step, run.profiled_steps, "profiling",
+                                        after_step=after_step)
+        if run.memory_snapshot:
+            write_memory_snapshot(run)
         written = trace.trace_files(staging)
         if len(written) != 1:
             raise RuntimeError(f"expected one trace from the profiler, found {len(written)}")
@@ -141,9 +161,26 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
         tensorboard_compat.rewrite_file(written[0], final_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if run.memory_snapshot:
+            torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
     run.config.update(profiler_record_shapes=record_shapes,
                       profiler_profile_memory=profile_memory, profiler_with_stack=run.with_stack)
-    return final_path, step_ms[-PROFILE_ACTIVE_STEPS:]
+    if memory_by_step is not None:
+        memory_by_step = {key: values[-run.recorded_steps:]
+                          for key, values in memory_by_step.items()}
+    return final_path, step_ms[-run.recorded_steps:], memory_by_step
+
+
+def write_memory_snapshot(run: Run) -> None:
+    """The allocator's history over the profiled steps, beside the trace, and the command that
+    draws it (PyTorch's memory viewer: every allocation as a band over time, with its stack)."""
+    path = run.out_dir / MEMORY_SNAPSHOT_FILE.replace(".pickle", f"{rank_suffix(run)}.pickle")
+    torch.cuda.memory._dump_snapshot(str(path))
+    html = path.with_suffix(".html")
+    log(run, f"memory snapshot: {path}; draw it with: python -m torch.cuda._memory_viz trace_plot "
+             f"{path} -o {html} (the page loads its viewer script from the internet), or drop "
+             f"the file on https://pytorch.org/memory_viz")
+    run.extra["memory_snapshot"] = path.name
 
 
 def all_threads_config(run: Run):
@@ -272,15 +309,17 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
                      else 100.0 * (run.data_wait_s - data_wait_before_s) / wall_s)
     inference = (inference_numbers(run.requests, requests_before, wall_s)
                  if run.requests else {"unit": "sample"})
-    log(run, f"profiling: {PROFILED_STEPS} steps ({PROFILE_ACTIVE_STEPS} recorded)")
-    trace_path, profiled_ms = profiled_steps(run, step)
+    log(run, f"profiling: {run.profiled_steps} steps ({run.recorded_steps} recorded)")
+    trace_path, profiled_ms, memory_by_step = profiled_steps(run, step)
     if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed
         run.extra["dynamo_frames_compiled"] = {
             "warmup": compiled_in_warmup,
             "timed_and_profiled": dynamo_frames_compiled() - compiled_in_warmup}
     events = trace.load_trace(trace_path)["traceEvents"]
     require_gpu_kernels(run, events)
+    peak_reserved_mb = None  # the caching allocator's: what it holds from the GPU, used or not
     if run.is_cuda:
+        peak_reserved_mb = torch.cuda.max_memory_reserved(run.device) / trace.BYTES_PER_MB
         peak_mb = torch.cuda.max_memory_allocated(run.device) / trace.BYTES_PER_MB
         peak_source = "torch.cuda.max_memory_allocated over the timed and profiled steps"
     else:
@@ -315,6 +354,9 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "first_step_s": first_step_s, "warmup_s": warmup_s,
         **flops_achieved(run, step_ms_p50),
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
+        "peak_reserved_mb": peak_reserved_mb,
+        # On a GPU: torch.cuda.memory_allocated and memory_reserved at each recorded step's end.
+        "memory_by_step": memory_by_step,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,
         "extra": run.extra, "notes": run.notes,
         **inference,

@@ -27,6 +27,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from common import analyze, compare, intervals, trace, trace_steps  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
@@ -35,9 +36,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 REPORT_MD = "REPORT.md"
 REPORT_HTML = "report.html"
 FIGURES_DIR = "report_files"
-# Pairs whose lesson is memory: their sections get a memory-over-time plot (any pair whose trace
-# draws an activation_memory verdict gets one too).
-MEMORY_CURVE_DEMOS = ("activation_checkpointing", "mixed_precision", "naive_attention")
+# Pairs whose lesson is memory: their sections get a memory-over-time plot and the memory view
+# (any pair whose trace draws a MEMORY_VERDICTS verdict gets them too).
+MEMORY_CURVE_DEMOS = ("activation_checkpointing", "mixed_precision", "naive_attention",
+                      "memory_leak", "fragmentation")
+MEMORY_VERDICTS = ("activation_memory", "memory_growth")
 FIGURE_DPI = 110  # ~1100 px wide figures: sharp in a browser, ~50 KB each
 # The timeline draws each row as the share of each column of time it is busy, the column's height
 # in the row: a kernel narrower than a pixel then shows as the sliver it is (a span drawn a pixel
@@ -218,6 +221,66 @@ def memory_figure(analyses: dict[str, analyze.Analysis], title: str):
     return fig
 
 
+# The parts of the memory at the allocated peak (memory.peak_breakdown_mb), in the order stacked,
+# with their words and colours: what was there before the recorded steps (weights, optimizer
+# state), what earlier steps kept, and what the peak's own step allocated, by phase.
+PEAK_PARTS = (("before_steps", "held before the recorded steps", "#9e9e9e"),
+              ("kept", "kept from earlier steps", "#c62828"),
+              ("forward", "forward", "#1565c0"), ("backward", "backward", "#64b5f6"),
+              ("optimizer", "optimizer", "#6a1b9a"), ("other", "other", "#bdbdbd"))
+
+
+def has_memory_view(analyses: dict[str, analyze.Analysis]) -> bool:
+    """Whether any variant's trace has memory events in its recorded steps (metrics["memory"])."""
+    return any(a.result.get("memory") for a in analyses.values())
+
+
+def memory_view_figure(analyses: dict[str, analyze.Analysis], title: str):
+    """The memory view the TensorBoard plugin used to give, from the trace: memory allocated (and,
+    with a caching allocator, reserved, dashed) at each recorded step's end, every variant on one
+    scale (a leak is a staircase, a healthy loop a flat line); and beside it what the allocated
+    peak is made of. None when no variant has memory events in its steps."""
+    if not has_memory_view(analyses):
+        return None
+    fig, (curve, parts) = plt.subplots(1, 2, figsize=(11, 3.6),
+                                       gridspec_kw={"width_ratios": (2, 1)})
+    names = []
+    for variant, analysis in analyses.items():
+        memory = analysis.result.get("memory")
+        if not memory:
+            continue
+        names.append(variant)
+        color = VARIANT_COLORS.get(variant)
+        at_end = memory["allocated_mb_at_step_end"]
+        steps = np.arange(1, len(at_end) + 1)
+        growth = memory["growth_mb_per_step"]
+        fit = ("" if growth is None else
+               f", {growth:+.2f} MB/step, R² {memory['growth_fit_r2']:.2f}")
+        curve.plot(steps, at_end, marker="o", ms=3, lw=1.2, color=color,
+                   label=f"{variant}: allocated{fit}")
+        reserved = memory["reserved_mb_at_step_end"]
+        if reserved:
+            curve.plot(steps, [np.nan if v is None else v for v in reserved], ls="--", lw=1.0,
+                       color=color, label=f"{variant}: reserved")
+        bottom = 0.0
+        for key, words, part_color in PEAK_PARTS:
+            value = memory["peak_breakdown_mb"].get(key) or 0.0
+            parts.bar(variant, value, bottom=bottom, color=part_color,
+                      label=words if variant == names[0] else None)
+            bottom += value
+    curve.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
+    curve.set_xlabel("recorded step")
+    curve.set_ylabel("MB at the step's end")
+    curve.set_ylim(bottom=0)
+    curve.legend(fontsize=8)
+    curve.set_title(title, fontsize=10)
+    parts.set_ylabel("MB at the allocated peak")
+    parts.set_title("what the peak is made of", fontsize=10)
+    parts.set_xlim(-0.6, len(names) - 0.4 + 1.2)  # room on the right for the legend
+    parts.legend(fontsize=7, loc="upper right")
+    return fig
+
+
 def format_mb(value: float) -> str:
     """Three significant figures at most, never an exponent (smoke runs allocate under 1 MB)."""
     return f"{value:.0f} MB" if value >= 100 else f"{value:.{1 if value >= 10 else 2}f} MB"
@@ -298,13 +361,19 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
         "Timeline of the profiled steps: the CPU's regions (data, DataLoader, forward, backward, "
         "optimizer). CPU-only traces: there is no GPU timeline to show",
         save(timeline_figure(analyses, f"{demo}: timeline"), figures_dir / f"{demo}_timeline.png")))
-    memory_verdict = any(f["id"] == "activation_memory"
+    memory_verdict = any(f["id"] in MEMORY_VERDICTS
                          for a in analyses.values() for f in a.result["findings"])
     if demo in MEMORY_CURVE_DEMOS or memory_verdict:
         fig = memory_figure(analyses, f"{demo}: memory allocated over the profiled steps")
         if fig is not None:
             section.figures.append(("Memory allocated over time (the profiler's memory events)",
                                     save(fig, figures_dir / f"{demo}_memory.png")))
+        fig = memory_view_figure(analyses, f"{demo}: memory at each recorded step's end")
+        if fig is not None:
+            section.figures.append((
+                "The memory view: allocated (and reserved, dashed) at each recorded step's end, "
+                "and what the allocated peak is made of (metrics memory; definitions in "
+                "common/README.md)", save(fig, figures_dir / f"{demo}_memory_view.png")))
     return section
 
 
@@ -324,7 +393,8 @@ def demo_readme(demo: str, out_root: Path) -> str | None:
 # a reader first wants how fast, how long a step, how much memory, how busy the GPU, and why.
 PRIMARY_ROWS = ("samples/s", "real tokens/s", "requests/s", "generated tokens/s",
                 "latency p50 ms", "per token p50 ms", "step p50 ms", "peak memory MB",
-                "GPU utilization %", "DataLoader %", "syncs/step", "verdicts")
+                "peak reserved MB", "memory growth MB/step", "GPU utilization %", "DataLoader %",
+                "syncs/step", "verdicts")
 ALL_ROWS_SUMMARY = "Every row (timing, idle by cause, kernels, tensor cores)"
 # The words the report uses before it could define them, said once at its top.
 TERMS = ("**Terms.** A *step* is one training iteration (`ProfilerStep#N` in the trace), or in "
@@ -411,9 +481,28 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
                       "| | name | bad ms | fixed ms | calls/step |", "|---|---|---:|---:|---:|"]
             lines += [f"| {kind} | `{name.replace('|', '&#124;')}` | {bad} | {fixed} | {calls} |"
                       for kind, name, bad, fixed, calls in changed]
+        memory = memory_view_lines(comparison)
+        if memory:
+            lines += ["", f"{MEMORY_VIEW_NOTE}:", "", "```text", *memory, "```"]
         for caption, png in section.figures:
             lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
     return "\n".join(lines) + "\n"
+
+
+MEMORY_VIEW_NOTE = ("The memory view, from each trace's memory events (the analyzer's memory "
+                    "lines: python -m common.analyze)")
+
+
+def memory_view_lines(comparison: dict) -> list[str]:
+    """Each variant's memory lines as the analyzer prints them (allocated at the steps' ends and
+    its growth, what was kept and by which operator, the peak and its parts, the operators that
+    allocate most); [] where no variant's trace has memory events in its steps."""
+    lines = []
+    for variant in compare.VARIANTS:
+        memory = comparison[variant]["analysis"].get("memory")
+        if memory:
+            lines += [f"{variant}:", *(f"  {line}" for line in analyze.memory_lines(memory))]
+    return lines
 
 
 def verdict_lines(comparison: dict, markdown: bool) -> list[str]:
@@ -504,6 +593,9 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
                       f"<td class=\"n\">{e(calls)}</td></tr>"
                       for kind, name, bad, fixed, calls in changed]
             parts.append("</table>")
+        memory = memory_view_lines(comparison)
+        if memory:
+            parts.append(f"<p>{e(MEMORY_VIEW_NOTE)}:</p><pre>{e(chr(10).join(memory))}</pre>")
         for caption, png in section.figures:
             parts.append(f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
                          f"<figcaption>{e(caption)}</figcaption></figure>")

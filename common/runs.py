@@ -24,7 +24,16 @@ PROFILE_ACTIVE_STEPS = 3
 PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
 KEY_AVERAGES_FILE = "key_averages.txt"
 CPROFILE_FILE = "cprofile.prof"  # --cprofile: the timed phase's pstats (snakeviz, pstats)
-RANK_FILE = re.compile(r"(?:summary|key_averages|cprofile)\.rank\d+\.(?:json|txt|prof)")
+# --memory-snapshot (CUDA): the caching allocator's history over the profiled steps, as
+# torch.cuda.memory._dump_snapshot writes it; PyTorch's memory viewer reads it.
+MEMORY_SNAPSHOT_FILE = "memory_snapshot.pickle"
+# Demos whose lesson is memory record the snapshot on a GPU without the flag.
+MEMORY_SNAPSHOT_DEMOS_CUDA = frozenset({"activation_checkpointing", "memory_leak", "fragmentation"})
+# Allocator events the snapshot keeps (the newest): each holds a stack, and a long run would
+# otherwise grow the history without bound; 100,000 covers several steps of the largest pair.
+MEMORY_HISTORY_MAX_ENTRIES = 100_000
+RANK_FILE = re.compile(r"(?:summary|key_averages|cprofile|memory_snapshot)\.rank\d+"
+                       r"\.(?:json|txt|prof|pickle)")
 
 
 @dataclass
@@ -76,6 +85,8 @@ class Run:
     # per Python call); --cprofile runs the timed phase under cProfile and writes its .prof.
     with_stack: bool = False
     cprofile: bool = False
+    # CUDA only: record the allocator's history over the profiled steps (MEMORY_SNAPSHOT_FILE).
+    memory_snapshot: bool = False
     # torch.profiler records the ops of the thread that started it (and autograd's); a demo whose
     # step hands work to a thread of its own (serve_texts' tokenize_ahead) asks for every thread.
     profile_all_threads: bool = False
@@ -91,9 +102,19 @@ class Run:
         return self.preset.sizes
 
     @property
+    def recorded_steps(self) -> int:
+        """Steps the profiler records: the preset's, else PROFILE_ACTIVE_STEPS."""
+        return self.preset.recorded_steps or PROFILE_ACTIVE_STEPS
+
+    @property
+    def profiled_steps(self) -> int:
+        """Steps run under the profiler: its schedule's wait and warm-up, then the recorded."""
+        return PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + self.recorded_steps
+
+    @property
     def total_steps(self) -> int:
         """Every step the run takes: warm-up, timed and profiled."""
-        return self.preset.warmup_steps + self.steps + PROFILED_STEPS
+        return self.preset.warmup_steps + self.steps + self.profiled_steps
 
     @property
     def is_cuda(self) -> bool:
@@ -131,6 +152,6 @@ def clear_run_dir(out_dir: Path) -> None:
     for path in out_dir.iterdir():
         if path.is_file() and (path.name.endswith(trace.TRACE_SUFFIXES)
                                or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE,
-                                                CPROFILE_FILE)
+                                                CPROFILE_FILE, MEMORY_SNAPSHOT_FILE)
                                or RANK_FILE.fullmatch(path.name)):
             path.unlink()

@@ -47,7 +47,7 @@ from common.trace_columns import DATALOADER_REGION  # noqa: E402
 
 DEMOS = ("dataloader_workers", "small_batch", "mixed_precision", "activation_checkpointing",
          "launch_overhead", "item_sync", "naive_attention", "unfused_optimizer", "padding_waste",
-         "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound")
+         "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound", "memory_leak")
 REFERENCE_ROOT = ROOT / "traces" / "reference"
 # Where a pair's picture is drawn from, the first folder that has both its runs: the H100 run,
 # else a CPU run (for the pairs the H100 reference does not have yet).
@@ -244,11 +244,20 @@ ZOOMS = {
     # before the pair had a GPU run: check it then.
     "tokenizer_bound": Zoom(HOST, ("region:tokenize", "forward", GPU_ROW), steps=1,
                             what="one batch of bad"),
+    # Memory is the lesson, over many steps: bad's recorded steps but the last (whose log region
+    # is the epoch's end, an accuracy over every kept logit, as long as a few steps), each
+    # leaving its logits behind, so the memory curve climbs a stair a step; fixed's curve rises
+    # and falls to the same floor in each of its steps, on the same scale.
+    "memory_leak": Zoom(HOST, ("forward", "backward", "optimizer", "region:log"), steps=23,
+                        until=HOST, memory=True,
+                        what="bad's first 23 recorded steps, with memory allocated"),
 }
 
 # The pairs whose picture comes from a CPU run until the GPU reference has them: what a CPU
 # shows of the lesson (the host's side of it: no kernels, no waits).
 CPU_ZOOMS = {
+    # The same window as on a GPU: the allocations follow the host on both.
+    "memory_leak": ZOOMS["memory_leak"],
     # One request of bad (at --smoke sizes: its prompt's pass, then 8 tokens): each token runs
     # every block's operators one by one, the KV cache's aten::cat among them; fixed's token is
     # one call of the compiled graph (its "Torch-Compiled Region"), and more than a request of
@@ -413,6 +422,14 @@ def headline_tokenizer_bound(run: Run) -> str:
             f"({as_printed(region['ms_per_step'], '.2f')} ms/step) outside any operator{idle}")
 
 
+def headline_memory_leak(run: Run) -> str:
+    memory = run.result["memory"]
+    ends = memory["allocated_mb_at_step_end"]
+    return (f"{run.variant}: allocated at step ends {ends[0]:,.1f} -> {ends[-1]:,.1f} MB, "
+            f"{run.cell('memory growth MB/step')} MB/step (R^2 "
+            f"{as_printed(memory['growth_fit_r2'], '.2f')})")
+
+
 HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "small_batch": headline_small_batch,
              "mixed_precision": headline_mixed_precision,
@@ -425,6 +442,7 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "host_roundtrip": headline_host_roundtrip,
              "llm_decode": headline_llm_decode,
              "tokenizer_bound": headline_tokenizer_bound,
+             "memory_leak": headline_memory_leak,
              "ddp_no_sync": headline_ddp_no_sync}
 
 
@@ -812,7 +830,9 @@ def draw_memory(ax, data: FigureData) -> None:
     ax.set_ylabel("allocated MB", fontsize=8)
     ax.tick_params(labelsize=8)
     ax.legend(fontsize=8, loc="upper right")
-    ax.set_title("GPU memory allocated (the trace's [memory] events, timed when the host asks)",
+    on_gpu = any(panel.run.result["gpu"] for panel in data.panels.values())
+    ax.set_title(f"{'GPU' if on_gpu else 'CPU'} memory allocated (the trace's [memory] "
+                 f"events, timed when the host asks)",
                  fontsize=9, loc="left")
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
-from common import analyze, compare, trace
+from common import analyze, compare, presets, runs, trace
 from tests.conftest import ROOT
 
 # Both scripts of a pair at smoke sizes take seconds; launch_overhead's fixed.py compiles
@@ -66,3 +68,53 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
             assert syncs >= 5 if variant == "bad" else syncs == 0, (variant, syncs)
             # fixed ran a step under torch.cuda.set_sync_debug_mode("error") (config sync_free)
             assert variant == "bad" or "made no sync" in result.stdout
+        check_memory(demo, variant, run_dir, summary, analysis)
+    if demo == "item_sync":
+        check_snapshot_flag(tmp_path)
+
+
+# The issue's bound for a flat memory curve: growth under 1 % of the peak a step.
+FLAT_GROWTH_OF_PEAK = 0.01
+
+
+def check_memory(demo: str, variant: str, run_dir, summary: dict, analysis: dict) -> None:
+    """What a GPU run records of memory: the allocator's counters at each recorded step's end,
+    the peak reserved, the snapshot where the demo's lesson is memory; the leak's slope and the
+    fragmentation pair's segments."""
+    where = f"{demo}/{variant}"
+    by_step = summary["memory_by_step"]
+    assert len(by_step["allocated_mb"]) == len(by_step["reserved_mb"]) == analysis["steps"], where
+    assert summary["peak_reserved_mb"] >= summary["peak_memory_mb"] > 0, where
+    snapshot_path = run_dir / runs.MEMORY_SNAPSHOT_FILE
+    assert snapshot_path.is_file() is (demo in runs.MEMORY_SNAPSHOT_DEMOS_CUDA), where
+    if demo == "memory_leak":
+        sizes = presets.PRESETS[demo]["smoke"]
+        logits_mb = (sizes.batch_size * sizes.sizes["seq_len"] * sizes.sizes["vocab"] * 4
+                     / trace.BYTES_PER_MB)
+        slope = float(np.polyfit(np.arange(analysis["steps"]), by_step["allocated_mb"], 1)[0])
+        if variant == "bad":
+            assert slope >= logits_mb * 0.99, (where, slope, logits_mb)
+        else:
+            assert abs(slope) < FLAT_GROWTH_OF_PEAK * summary["peak_memory_mb"], (where, slope)
+    if demo == "fragmentation":  # fixed's segments grow in place; bad's are fixed in size
+        with open(snapshot_path, "rb") as file:
+            segments = pickle.load(file)["segments"]
+        assert segments and {s.get("is_expandable", False) for s in segments} == {
+            variant == "fixed"}, where
+
+
+def check_snapshot_flag(tmp_path) -> None:
+    """--memory-snapshot on a pair that does not record one by default (item_sync/bad) writes a
+    snapshot with the allocations of its profiled steps, and says how to draw it."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "demos" / "item_sync" / "bad.py"), "--smoke", "--device",
+         "cuda", "--memory-snapshot", "--out", str(tmp_path / "snapshot")],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))),
+        capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(tmp_path / "snapshot" / "item_sync" / "bad" / runs.MEMORY_SNAPSHOT_FILE,
+              "rb") as file:
+        snapshot = pickle.load(file)
+    assert snapshot["segments"] and snapshot["device_traces"][0]  # allocations were recorded
+    assert "torch.cuda._memory_viz trace_plot" in result.stdout

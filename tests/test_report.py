@@ -57,8 +57,10 @@ def test_report_has_a_section_per_pair_with_table_verdicts_and_plots(pairs_out):
     memory = found["activation_checkpointing"]
     assert "**activation_memory**" in memory and "Memory allocated over time" in memory
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
-    # breakdown, idle by cause and timeline each (GPU pairs); a memory curve for checkpointing
-    assert len(images) == 3 + 4
+    # breakdown, idle by cause and timeline each (GPU pairs); for checkpointing a memory curve
+    # and the memory view (memory at each step's end, and what the peak is made of)
+    assert len(images) == 3 + 5
+    assert "The memory view" in memory and "memory peak" in memory  # the analyzer's lines
     assert "Why the GPU is idle" in small and "What changed most, per step" in small
     for relative in images:
         assert (pairs_out / relative).read_bytes().startswith(PNG_MAGIC)
@@ -70,7 +72,7 @@ def test_html_is_self_contained(pairs_out):
     assert not re.search(r"<script|<link|@import|url\(", page, flags=re.I)
     assert not re.search(r'src="(?!data:)', page)  # every image is inline
     pngs = inline_pngs(page)
-    assert len(pngs) == 7 and all(png.startswith(PNG_MAGIC) for png in pngs)
+    assert len(pngs) == 8 and all(png.startswith(PNG_MAGIC) for png in pngs)
     assert "5.30x" in page and "activation_memory" in page
 
 

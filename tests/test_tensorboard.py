@@ -34,8 +34,15 @@ DATALOADER_TOLERANCE_PCT = 0.1  # percentage points
 PART_TOLERANCE_US = 1.0
 # The recorded steps: torch.profiler numbers every step, the schedule records the last ones.
 SYNTHETIC_STEPS = 3  # gpu_training_trace's default, which conftest writes
-RECORDED_STEPS = [str(runs.PROFILE_WAIT_STEPS + runs.PROFILE_WARMUP_STEPS + index)
-                  for index in range(runs.PROFILE_ACTIVE_STEPS)]
+def recorded_steps(demo: str | None = None) -> list[str]:
+    """The step numbers the plugin lists: PROFILE_ACTIVE_STEPS, or the demo's smoke preset's
+    recorded_steps where it sets them (memory_leak records more, for its trend)."""
+    count = (presets.PRESETS[demo]["smoke"].recorded_steps if demo in presets.PRESETS else None)
+    return [str(runs.PROFILE_WAIT_STEPS + runs.PROFILE_WARMUP_STEPS + index)
+            for index in range(count or runs.PROFILE_ACTIVE_STEPS)]
+
+
+RECORDED_STEPS = recorded_steps()
 
 
 def overview(tensorboard, run: str, worker: str | None = None) -> dict:
@@ -82,7 +89,8 @@ def test_plugin_lists_both_runs_and_answers_the_overview(tensorboard, demos_smok
         assert len(workers) == (2 if run.startswith("smoke/ddp_no_sync/") else 1), workers
         for worker in workers:
             answer = overview(tensorboard, run, worker)
-            assert [row[0] for row in answer["steps"]["rows"]] == RECORDED_STEPS, run
+            assert ([row[0] for row in answer["steps"]["rows"]]
+                    == recorded_steps(run.split("/")[1])), run
             assert step_parts(answer) and answer["performance"][0]["value"] > 0, run
     # The rewrite at work even at smoke sizes: the plugin sees the DataLoader (0 us without it).
     bad = step_parts(overview(tensorboard, "smoke/dataloader_workers/bad"))

@@ -26,6 +26,8 @@ SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
 CPU_PAIRS = ("llm_decode", "tokenizer_bound", "host_roundtrip")  # pictures from CPU runs so far
+# Pairs whose lesson needs a GPU to show, not yet run on one: no picture until then.
+NO_PICTURE_YET = {"fragmentation"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_PNG_BYTES = 120 * 1024  # the brief's cap: thirteen figures stay small in the repository
 README_HEAD_LINES = 15  # the picture comes right after the title and the symptom
@@ -198,6 +200,11 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
             shown += [grab(out, r"tokenize (\S+) % of the steps", "host regions"),
                       grab(out, r"tokenize \S+ % of the steps \((\S+) ms/step", "host regions")]
         return shown, []
+    if demo == "memory_leak":  # the analyzer's memory line: the ends, the slope, its R^2
+        return ([grab(out, r"at step ends (\S+) ->", "memory "),
+                 grab(out, r"-> (\S+) MB", "memory "),
+                 grab(out, r"steps\), \+(\S+) MB/step", "memory "),
+                 grab(out, r"\(R\^2 (\S+)\)", "memory ")], ["2"])  # the 2 of "R^2"
     pytest.fail(f"{demo}: no expected numbers for its headline")
 
 
@@ -345,8 +352,10 @@ def test_naive_attention_draws_the_steps_its_title_gives(drawn):
 
 @needs_reference
 def test_every_demo_has_a_zoom_and_draws_the_same_window_for_both(drawn):
+    # Every walkthrough's pair, but those that need a GPU run for their picture (their README
+    # says where the picture will be, in a comment).
     assert set(figures.ZOOMS) == set(figures.DEMOS) == {
-        path.parent.name for path in (ROOT / "demos").glob("*/README.md")}
+        path.parent.name for path in (ROOT / "demos").glob("*/README.md")} - NO_PICTURE_YET
     assert set(figures.CPU_ZOOMS) <= set(figures.DEMOS)
     for data in drawn.values():
         assert len(data.edges_ms) == figures.COLUMNS + 1
