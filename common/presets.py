@@ -99,13 +99,14 @@ PRESETS: dict[str, dict[str, Preset]] = {
     },
     "memory_leak": {
         # A 4-block transformer LM (d_model 512) over 16 x 512 tokens of a vocabulary of 8192: the
-        # logits bad.py keeps are 16 x 512 x 8192 x 4 bytes = 268 MB a step, beside ~0.5 GB of
-        # weights, gradients and AdamW state, so an 80 GB GPU fills in about 300 steps. 24 recorded
-        # steps: a fit of allocated memory over the steps needs many (the analyzer's minimum).
+        # logits bad.py keeps are 16 x 512 x 8192 x 4 bytes = 268 MB a step, beside ~340 MB of
+        # weights, gradients and AdamW state (21.3 M parameters), so an H100's 85,000 MB fill in
+        # about 315 steps. 24 recorded steps: the fit of memory over the steps needs at least 5.
         "cuda": Preset(batch_size=16, steps=30, warmup_steps=5, recorded_steps=24,
                        sizes=dict(vocab=8192, d_model=512, heads=8, blocks=4, seq_len=512)),
-        # 2 blocks of d_model 128 over 8 x 128 tokens of 4096: 16.8 MB of logits kept a step, a
-        # few times the ~4 MB of weights, and ~50 ms a step on one core.
+        # 2 blocks of d_model 128 over 8 x 128 tokens of 4096: 16.8 MB of logits kept a step,
+        # nearly three times the 5.9 MB of weights (1.47 M parameters); ~83 ms a step (p50) on one
+        # training thread of a 2-core Xeon.
         "cpu": Preset(batch_size=8, steps=20, warmup_steps=3, recorded_steps=24,
                       sizes=dict(vocab=4096, d_model=128, heads=4, blocks=2, seq_len=128)),
         # 8 recorded steps: enough for the analyzer's fit, and a smoke run still takes seconds.

@@ -222,9 +222,10 @@ def memory_figure(analyses: dict[str, analyze.Analysis], title: str):
 
 
 # The parts of the memory at the allocated peak (memory.peak_breakdown_mb), in the order stacked,
-# with their words and colours: what was there before the recorded steps (weights, optimizer
-# state), what earlier steps kept, and what the peak's own step allocated, by phase.
-PEAK_PARTS = (("before_steps", "held before the recorded steps", "#9e9e9e"),
+# with their words and colours: what was there before the recorded steps (a GPU's weights and
+# optimizer state; a CPU trace counts only what was allocated while the profiler recorded), what
+# earlier steps kept, and what the peak's own step allocated, by phase.
+PEAK_PARTS = (("before_steps", "held before the recorded steps (0 on a CPU)", "#9e9e9e"),
               ("kept", "kept from earlier steps", "#c62828"),
               ("forward", "forward", "#1565c0"), ("backward", "backward", "#64b5f6"),
               ("optimizer", "optimizer", "#6a1b9a"), ("other", "other", "#bdbdbd"))

@@ -21,7 +21,6 @@ from common import presets, trace
 PROFILE_WAIT_STEPS = 0
 PROFILE_WARMUP_STEPS = 1
 PROFILE_ACTIVE_STEPS = 3
-PROFILED_STEPS = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + PROFILE_ACTIVE_STEPS
 KEY_AVERAGES_FILE = "key_averages.txt"
 CPROFILE_FILE = "cprofile.prof"  # --cprofile: the timed phase's pstats (snakeviz, pstats)
 # --memory-snapshot (CUDA): the caching allocator's history over the profiled steps, as

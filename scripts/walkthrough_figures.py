@@ -137,6 +137,9 @@ KERNEL_COMPLEMENTS = {CUDA_CORE_ROW: TENSOR_CORE_ROW, NOT_ATTENTION_ROW: ATTENTI
 HOST, GPU = "host", "gpu"
 # Words under the figure's title of a CPU run (the pairs the GPU reference lacks so far).
 CPU_RUN_NOTE = "needs a CUDA GPU; not yet run on one"
+# A pair whose whole lesson shows on a CPU says so instead (memory allocated, step by step).
+CPU_LESSON_NOTE = "its lesson shows on a CPU too; not yet run on a GPU"
+CPU_LESSON_DEMOS = ("memory_leak",)
 
 
 @dataclass(frozen=True)
@@ -467,8 +470,8 @@ def device_line(summary: dict) -> str:
     """Which machine ran the pair, from its summary: the GPU's name, or "CPU run" and the CPU's."""
     torch_version = summary.get("torch_version")
     if summary.get("device") == "cpu":
-        return (f"CPU run, {summary.get('device_name')}, torch {torch_version} "
-                f"({CPU_RUN_NOTE})")
+        note = CPU_LESSON_NOTE if summary.get("demo") in CPU_LESSON_DEMOS else CPU_RUN_NOTE
+        return f"CPU run, {summary.get('device_name')}, torch {torch_version} ({note})"
     return f"{summary.get('device_name')}, torch {torch_version}"
 
 

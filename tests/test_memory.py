@@ -5,6 +5,7 @@ of a leaking loop; and silence on every real trace the project holds but the lea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -162,7 +163,7 @@ def test_the_peak_is_read_in_the_steps_and_split_by_where_it_was_allocated(leak)
     assert abs(sum(parts.values()) - peak) <= SUM_TOLERANCE_MB
 
 
-def test_the_human_output_has_two_memory_lines(leak):
+def test_the_human_output_has_three_memory_lines(leak):
     lines = [line for line in analyze.format_human(leak).splitlines()
              if line.startswith("memory")]
     assert lines[0] == ("memory       allocated at step ends 104.0 -> 124.0 MB (6 steps), "
@@ -170,7 +171,12 @@ def test_the_human_output_has_two_memory_lines(leak):
     assert lines[1].startswith("memory peak  174.0 MB allocated in the steps (step 6): before "
                                "the steps 100.0, kept from earlier steps 20.0, its step's "
                                "forward 34.0, backward 20.0")
-    assert len(lines) == 2
+    # the operators that allocate most a step, by MB (allocating_operators), largest first
+    assert lines[2].startswith("memory ops   allocating most: ")
+    shown = [float(mb) for mb in re.findall(r" (\d+\.\d+) MB/step", lines[2])]
+    assert shown == sorted(shown, reverse=True) and len(shown) == len(
+        leak["memory"]["allocating_operators"])
+    assert len(lines) == 3
     json.dumps(leak)  # the --json output holds it as it is
 
 

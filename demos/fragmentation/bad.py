@@ -6,12 +6,15 @@ allocation fails with memory to spare. Needs a CUDA GPU to show: a CPU has no ca
 See README.md in this folder."""
 import os
 
+for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # torch 2.9 renamed it; both read
+    os.environ.pop(name, None)  # the allocator's default: a fixed-size segment per large request
+
 from common import data, harness, models
 
 
 def main() -> None:
     run = harness.setup(demo="fragmentation", variant="bad")
-    run.config["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    run.config["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF")
     texts = data.variable_length_texts(run)
     batches, token_counts = data.padded_batches(run, texts, data.random_order(run, texts))
     model, optimizer = models.text_classifier(run)

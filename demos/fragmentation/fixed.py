@@ -4,15 +4,15 @@ request, so a freed tail is reused by the next size and memory reserved stays ne
 tensors hold. Needs a CUDA GPU to show: a CPU has no caching allocator. See README.md here."""
 import os
 
-# Before torch allocates on the GPU: segments grow in place, so blocks of one size serve the next.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # torch 2.9 renamed it; both read
+    os.environ[name] = "expandable_segments:True"  # segments grow in place: freed tails reused
 
 from common import data, harness, models
 
 
 def main() -> None:
     run = harness.setup(demo="fragmentation", variant="fixed")
-    run.config["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    run.config["alloc_conf"] = os.environ.get("PYTORCH_ALLOC_CONF")
     texts = data.variable_length_texts(run)
     batches, token_counts = data.padded_batches(run, texts, data.random_order(run, texts))
     model, optimizer = models.text_classifier(run)
