@@ -37,7 +37,7 @@ from common.idle_causes import (
     initialization_regime_warning,
 )
 from common.intervals import Spans, concat, merge, union_in
-from common.memory import GROWTH_FIT_MIN_STEPS, memory_metrics
+from common.memory import GROWTH_FIT_MIN_STEPS, device_events, memory_metrics
 from common.metrics import (
     SHORT_KERNEL_US,
     attention_metrics,
@@ -179,11 +179,13 @@ def analyze(path: Path) -> Analysis:
     gpu_run = has_gpu or bool(unrecorded_calls)
 
     device_types = GPU_DEVICE_TYPES if gpu_run else (trace.CPU_DEVICE_TYPE,)
-    memory_mask = np.isin(columns.memory_device_type, device_types)
-    memory_ts = columns.memory_ts[memory_mask]
-    memory_mb = columns.memory_bytes[memory_mask] / trace.BYTES_PER_MB
-    order = np.argsort(memory_ts, kind="stable")
-    memory_ts, memory_mb = memory_ts[order], memory_mb[order]
+    # The device's memory events by time (of several GPUs, the one whose peak is highest): the
+    # curve, the peak and the memory section all read these.
+    memory_events = device_events(columns, device_types)
+    if memory_events is None:
+        memory_events = np.empty(0, dtype=np.int64)
+    memory_ts = columns.memory_ts[memory_events]
+    memory_mb = columns.memory_bytes[memory_events] / trace.BYTES_PER_MB
     gpu_props = columns.device_properties[0] if gpu_run and columns.device_properties else {}
     total_memory = gpu_props.get("totalGlobalMem") if isinstance(gpu_props, dict) else None
     layer_batches = columns.batch_rows[(columns.batch_ts >= host_window[0])
@@ -215,7 +217,7 @@ def analyze(path: Path) -> Analysis:
         "device_memory_mb": float(total_memory) / trace.BYTES_PER_MB if total_memory else None,
         # Memory over the recorded steps: at each step's end, its growth, what earlier steps
         # kept, the peak and what it is made of (common/memory.py; null without [memory] events).
-        "memory": memory_metrics(columns, device_types, host),
+        "memory": memory_metrics(columns, memory_events, host),
         "window_ms": span / US_PER_MS,
         # The median batch dimension of the forward conv/linear calls in the host steps (shapes;
         # null without shapes): tells a small batch from many small ops (input_batch_of).

@@ -30,12 +30,10 @@ BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function"
 ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
 
 
-def memory_metrics(columns: TraceColumns, device_types: tuple[int, ...],
-                   steps: Spans) -> dict | None:
-    """metrics["memory"] for the [memory] events of these device types (c10::DeviceType) over
-    the recorded steps (trace_steps.host_steps); None without such an event in the steps."""
-    events = device_events(columns, device_types)
-    if events is None:
+def memory_metrics(columns: TraceColumns, events: np.ndarray, steps: Spans) -> dict | None:
+    """metrics["memory"] for the [memory] events at these indices (device_events: one device's,
+    by time) over the recorded steps (trace_steps.host_steps); None without one in the steps."""
+    if not events.size:
         return None
     ts = columns.memory_ts[events]
     low, high = float(steps.start[0]), float(steps.end[-1])
