@@ -160,6 +160,36 @@ def require_cuda_graphs(run: Run) -> None:
              f"TORCH_LOGS=perf_hints to see why; nothing was written")
 
 
+# How Dynamo names the limit on compiles of one frame in its unimplemented reasons: "Dynamo
+# recompile limit exceeded" (torch 2.14); older releases called the setting cache_size_limit.
+RECOMPILE_LIMIT_REASON = re.compile(r"(?:recompile|cache)[ _](?:size[ _])?limit", re.IGNORECASE)
+# Dynamo's own timer of a whole frame's compile (tracing and the backend), in compile_times().
+DYNAMO_COMPILE_TIMER = "_compile.compile_inner"
+
+
+def dynamo_report() -> dict | None:
+    """What torch.compile did in this process so far, from Dynamo's counters
+    (torch._dynamo.utils.counters; None without torch.compile): frames compiled, graphs made,
+    graph breaks and their reasons (each reason's first line), whether a frame hit the
+    recompile limit (then it runs eagerly, with a warning only), and seconds spent compiling."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.utils import compile_times, counters
+    reasons: dict[str, int] = {}
+    for reason, count in counters["graph_break"].items():
+        first = str(reason).strip().splitlines()[0]
+        reasons[first] = reasons.get(first, 0) + count
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    timers = dict(zip(names, seconds))
+    return {"frames_compiled": counters["frames"]["ok"],
+            "graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(reasons.values()), "graph_break_reasons": reasons,
+            "recompile_limit_hit": any(RECOMPILE_LIMIT_REASON.search(str(reason))
+                                       for reason in counters["unimplemented"]),
+            "compile_s": (float(timers[DYNAMO_COMPILE_TIMER])
+                          if DYNAMO_COMPILE_TIMER in timers else None)}
+
+
 def dynamo_frames_compiled() -> int:
     """Python frames torch.compile has compiled so far in this process (0 without torch.compile)."""
     if "torch._dynamo" not in sys.modules:

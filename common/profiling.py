@@ -32,6 +32,7 @@ from common.devices import (
     KINETO_LOG_LEVEL_CPU,
     device_name,
     dynamo_frames_compiled,
+    dynamo_report,
     flops_achieved,
     tf32_in_force,
 )
@@ -315,6 +316,16 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         run.extra["dynamo_frames_compiled"] = {
             "warmup": compiled_in_warmup,
             "timed_and_profiled": dynamo_frames_compiled() - compiled_in_warmup}
+        run.extra["dynamo"] = dynamo = dynamo_report()
+        breaks = "; ".join(f"{count}x {reason}"
+                           for reason, count in dynamo["graph_break_reasons"].items())
+        compile_s = dynamo["compile_s"]
+        log(run, f"torch.compile: {dynamo['frames_compiled']} frames compiled "
+                 f"({run.extra['dynamo_frames_compiled']['timed_and_profiled']} after the "
+                 f"warm-up), {dynamo['graphs']} graphs, {dynamo['graph_breaks']} graph breaks"
+                 f"{f' ({breaks})' if breaks else ''}, "
+                 f"{'n/a' if compile_s is None else f'{compile_s:.1f} s'} compiling; recompile "
+                 f"limit {'hit: a frame runs eagerly from then on' if dynamo['recompile_limit_hit'] else 'not hit'}")
     events = trace.load_trace(trace_path)["traceEvents"]
     require_gpu_kernels(run, events)
     peak_reserved_mb = None  # the caching allocator's: what it holds from the GPU, used or not

@@ -174,6 +174,11 @@ def test_launch_overhead_fixed_is_compiled_outside_the_timing(pairs, demos_smoke
     compiled = fixed["extra"]["dynamo_frames_compiled"]
     assert compiled["warmup"] >= 1 and compiled["timed_and_profiled"] == 0
     assert "dynamo_frames_compiled" not in bad["extra"]
+    # One whole graph: no graph break, no frame at the recompile limit, its compile timed.
+    dynamo = fixed["extra"]["dynamo"]
+    assert dynamo["graph_breaks"] == 0 and dynamo["graph_break_reasons"] == {}
+    assert dynamo["graphs"] >= 1 and not dynamo["recompile_limit_hit"]
+    assert 0 < dynamo["compile_s"] <= fixed["warmup_s"]
     eager_ops = op_counts(demos_smoke_out, "launch_overhead", "bad")
     compiled_ops = op_counts(demos_smoke_out, "launch_overhead", "fixed")
     assert compiled_ops["Torch-Compiled Region: 0/0"] == runs.PROFILE_ACTIVE_STEPS

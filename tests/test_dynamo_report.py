@@ -1,0 +1,61 @@
+"""devices.dynamo_report: what torch.compile did, from Dynamo's counters, in a fresh process per
+case (the counters are per process). Dynamo's own backend "eager" runs each graph as traced:
+graph breaks and recompiles are Dynamo's, whatever the backend, and no compiler is needed."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+# A forward whose loop count is a Python int that changes every call (each value a recompile),
+# with an .item() in a condition (a graph break a call): the two silent failures the report names.
+CASE = """
+import json, sys
+import torch
+from common import devices
+limit = {limit}
+torch._dynamo.config.recompile_limit = limit
+
+def forward(x, n):
+    for _ in range(n):
+        x = torch.sin(x)
+    if {item}:
+        x = x * 2
+    return x
+
+compiled = torch.compile(forward, backend="eager")
+for n in range(1, {calls} + 1):
+    compiled(torch.ones(4), n)
+print(json.dumps(devices.dynamo_report()))
+"""
+
+
+def report_of(limit: int, calls: int, item: bool) -> dict:
+    code = CASE.format(limit=limit, calls=calls,
+                       item="x.sum().item() > 0" if item else "False")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={"PYTHONPATH": str(ROOT),
+                                                         "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_recompile_per_value_hits_the_limit_and_says_so():
+    found = report_of(limit=3, calls=6, item=False)
+    assert found["recompile_limit_hit"] is True
+    assert found["frames_compiled"] == 3 and found["graphs"] == 3  # then it ran eagerly
+    assert found["graph_breaks"] == 0 and found["compile_s"] > 0
+
+
+def test_under_the_limit_it_is_not_hit():
+    found = report_of(limit=8, calls=3, item=False)
+    assert found["recompile_limit_hit"] is False and found["frames_compiled"] == 3
+
+
+def test_an_item_in_a_condition_is_a_graph_break_with_its_reason():
+    found = report_of(limit=8, calls=2, item=True)
+    assert found["graph_breaks"] >= 2  # one a call
+    assert any("item()" in reason for reason in found["graph_break_reasons"])
+    assert all("\n" not in reason for reason in found["graph_break_reasons"])  # first lines only
