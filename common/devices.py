@@ -181,7 +181,7 @@ def dynamo_report() -> dict | None:
         reasons[first] = reasons.get(first, 0) + count
     names, seconds = compile_times(repr="csv", aggregate=True)
     timers = dict(zip(names, seconds))
-    return {"frames_compiled": counters["frames"]["ok"],
+    return {"frames_compiled": dynamo_frames_compiled(),
             "graphs": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(reasons.values()), "graph_break_reasons": reasons,
             "recompile_limit_hit": any(RECOMPILE_LIMIT_REASON.search(str(reason))
