@@ -37,6 +37,7 @@ from common.idle_causes import (
     initialization_regime_warning,
 )
 from common.intervals import Spans, concat, merge, union_in
+from common.compiled import compiled_metrics
 from common.memory import GROWTH_FIT_MIN_STEPS, device_events, memory_metrics
 from common.metrics import (
     SHORT_KERNEL_US,
@@ -218,6 +219,10 @@ def analyze(path: Path) -> Analysis:
         # Memory over the recorded steps: at each step's end, its growth, what earlier steps
         # kept, the peak and what it is made of (common/memory.py; null without [memory] events).
         "memory": memory_metrics(columns, memory_events, host),
+        # torch.compile's regions in the recorded steps by frame and compile id, graph breaks,
+        # eager operators inside regions, compiling in the steps (common/compiled.py; null
+        # without a compiled region or compiling in the steps).
+        "compiled": compiled_metrics(columns, host),
         "window_ms": span / US_PER_MS,
         # The median batch dimension of the forward conv/linear calls in the host steps (shapes;
         # null without shapes): tells a small batch from many small ops (input_batch_of).
@@ -395,6 +400,7 @@ def format_human(result: dict) -> str:
              f"peak memory  {fmt(result['peak_memory_mb'], '.0f', ' MB')}"
              + (f" of {result['device_memory_mb']:.0f} MB" if result["device_memory_mb"] else "")]
     lines += memory_lines(result["memory"])
+    lines += compiled_lines(result["compiled"])
     if result["input_batch"] is not None:
         lines.append(f"batch        {result['input_batch']:.0f} (median batch dimension of the "
                      f"forward conv/linear inputs, from record_shapes)")
@@ -480,6 +486,29 @@ def format_human(result: dict) -> str:
                      + (f" - see demos/{found['demo']}/" if found["demo"] else ""))
     return "\n".join(lines)
 
+
+
+def compiled_lines(compiled: dict | None) -> list[str]:
+    """torch.compile in the recorded steps (common/compiled.py): regions by frame and compile id,
+    graph breaks with the eager operators inside regions, compiling inside the steps."""
+    if not compiled:
+        return []
+    frames = "; ".join(f"frame {frame} ids {', '.join(map(str, entry['compile_ids'])) or '?'} "
+                       f"({entry['calls_per_step']:.1f}/step)"
+                       for frame, entry in compiled["frames"].items())
+    eager = ", ".join(f"{op['name']} {op['ms_per_step']:.2f} ms" for op in
+                      compiled["eager_operators"])
+    compiling = (f"{compiled['compiling_ms']:,.1f} ms in step"
+                 f"{'s' * (len(compiled['compiling_steps']) > 1)} "
+                 + ", ".join(str(k + 1) for k in compiled["compiling_steps"])
+                 if compiled["compiling_ms"] > 0 else "none")
+    return [f"compiled     {compiled['regions_per_step']:.1f} regions/step"
+            + (f" ({frames})" if frames else "")
+            + f", {compiled['graph_ms_per_step']:.2f} ms/step in compiled graphs; graph breaks "
+              f"{compiled['graph_breaks_per_step']:.1f}/step"
+            + (f" (eager inside regions {compiled['eager_in_regions_ms_per_step']:.2f} ms/step: "
+               f"{eager})" if eager else "")
+            + f"; compiling in the steps: {compiling}"]
 
 
 PEAK_PART_WORDS = {"before_steps": "before the steps", "kept": "kept from earlier steps",

@@ -86,6 +86,14 @@ INIT_FIRST_CALL_RATIO = 10.0  # first call ÷ median of the later calls (or its 
 INIT_MOSTLY_MIN_PCT = 50.0  # % of the window in initialization spans
 INIT_STEADY_MIN_PCT = 50.0  # % of the window after the last initialization span
 COMPILE_MARKER = "(dynamo_timed)"
+# Compiling ranges without the marker: the one around a frame's whole compile, and Dynamo's
+# outermost (torch 2.14 writes both as operators, around the marked ones).
+COMPILE_RANGE_NAMES = ("entire_frame_compile", "dynamo")
+
+
+def is_compile_work(name: str) -> bool:
+    """A range of torch.compile compiling (tracing, AOTAutograd, Inductor), not running."""
+    return COMPILE_MARKER in name or name in COMPILE_RANGE_NAMES
 INIT_KINDS = ("setup_call", "long_launch", "first_launch", "first_call", "compile",
               "first_collective")
 INIT_KIND_WORDS = {
@@ -286,11 +294,12 @@ def first_calls(columns: TraceColumns, host: Spans) -> list[dict]:
 
 
 def compile_spans(columns: TraceColumns, host: Spans) -> list[dict]:
-    """torch.compile's record_function ranges (COMPILE_MARKER) that reach into the host steps,
+    """torch.compile's compiling ranges (is_compile_work: record_function ranges, which torch
+    2.14 writes as operators, older releases as annotations) that reach into the host steps,
     outermost only (they nest)."""
-    names = columns.annotation_names.tolist()
-    marked = np.fromiter((COMPILE_MARKER in str(name) for name in names), bool, len(names))
-    spans = columns.annotations
+    names = columns.annotation_names.tolist() + columns.cpu_op_names.tolist()
+    spans = concat(columns.annotations, columns.cpu_ops)
+    marked = np.fromiter((is_compile_work(str(name)) for name in names), bool, len(names))
     marked &= (spans.end > host.start[0]) & (spans.start < host.end[-1])
     index = np.flatnonzero(marked)
     if not index.size:
@@ -562,7 +571,7 @@ def host_regions(columns: TraceColumns) -> HostRegions:
     duration = candidates.end - candidates.start
     # torch.compile's own ranges ("... (dynamo_timed)": tracing, Inductor's codegen) are compiling,
     # which initialization_regime counts: no host region of the user's.
-    compiling = np.fromiter((COMPILE_MARKER in str(name)
+    compiling = np.fromiter((is_compile_work(str(name))
                              for name in columns.annotation_names), bool, candidates.size)
     quiet = enqueues_nothing(columns, candidates.start, candidates.end) & (duration > 0) & (
         ~compiling)

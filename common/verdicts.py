@@ -118,6 +118,20 @@ MEMORY_GROWTH_FULL_WITHIN_STEPS = 100_000  # steps
 # deviceProperties): 16 GB, a laptop's or a small VM's RAM and the smallest data-centre GPUs'
 # (V100 16 GB, T4 16 GB). Smaller than most machines: the rule errs towards speaking.
 MEMORY_ASSUMED_CAPACITY_MB = 16_000.0  # MB
+# Recompiles (compiled.compiled_metrics): a frame that runs under this many compile ids in the
+# recorded steps is specialised on a value that keeps changing. Dynamo's automatic dynamic shapes
+# give a frame two graphs (static, then dynamic after the first change), after which only the newer
+# runs; a frame called in train() and in eval() mode runs under one id each: two at most in a
+# steady window. Three is beyond both.
+RECOMPILE_DISTINCT_IDS_MIN = 3
+# Dynamo's default torch._dynamo.config.recompile_limit (cache_size_limit before torch 2.6):
+# compiles of one frame, after which a call that fails every guard runs the frame eagerly, with one
+# warning. A frame whose compile id reaches it less one has used up its compiles.
+DYNAMO_RECOMPILE_LIMIT = 8
+# Graph breaks: compiled regions holding eager operators of their own (code Dynamo ran eagerly
+# between two graphs), per recorded step. One a step: the forward breaks every time it runs, as
+# host_sync's one sync a step.
+GRAPH_BREAKS_PER_STEP_MIN = 1.0
 # Severity: "high" when a value is twice its threshold (half, for an upper limit). Our choice,
 # only to order the findings.
 SEVERITY_HIGH_FACTOR = 2.0
@@ -657,6 +671,88 @@ def rule_memory_growth(m: dict) -> dict | None:
         "each step", "memory_leak")
 
 
+def frame_ids(frame: str, ids: list[int]) -> str:
+    """"frame 1 under compile ids 2, 3, 5 (up to its 6th compile)"."""
+    return (f"frame {frame} under compile id{'s' * (len(ids) > 1)} {', '.join(map(str, ids))} "
+            f"(up to its {ordinal(ids[-1] + 1)} compile)")
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def rule_recompiles(m: dict) -> dict | None:
+    """torch.compile recompiling in the recorded steps (compiled.compiled_metrics): compiling
+    inside them, or a frame under RECOMPILE_DISTINCT_IDS_MIN compile ids, or one whose compile id
+    has reached DYNAMO_RECOMPILE_LIMIT (its later new values run eagerly). Withheld under
+    initialization: a cold trace compiles in its first steps, and may recompile once for a shape."""
+    compiled = m.get("compiled")
+    if not compiled:
+        return None
+    frames = {frame: entry["compile_ids"] for frame, entry in compiled["frames"].items()
+              if len(entry["compile_ids"]) >= RECOMPILE_DISTINCT_IDS_MIN
+              or (entry["compile_ids"] and entry["compile_ids"][-1] >= DYNAMO_RECOMPILE_LIMIT - 1)}
+    compiling = compiled["compiling_ms"]
+    if not frames and compiling <= 0:
+        return None
+    parts = []
+    if frames:
+        parts.append("; ".join(frame_ids(frame, ids) for frame, ids in frames.items())
+                     + f" in {compiled['steps_read']} recorded steps: a graph per value of "
+                       f"something that changes between calls")
+    at_limit = [frame for frame, ids in frames.items() if ids[-1] >= DYNAMO_RECOMPILE_LIMIT - 1]
+    if at_limit:
+        parts.append(f"frame {', '.join(at_limit)} reached Dynamo's default recompile_limit "
+                     f"({DYNAMO_RECOMPILE_LIMIT}): a call that fails its guards now runs it "
+                     f"eagerly, with one warning")
+    if compiling > 0:
+        steps = compiled["compiling_steps"]
+        built = (f"; it built compile id{'s' * (len(compiled['compiled_in_steps']) > 1)} "
+                 f"{', '.join(compiled['compiled_in_steps'])}" if compiled["compiled_in_steps"]
+                 else "")
+        parts.append(f"{compiling:,.1f} ms of compiling inside the steps (step"
+                     f"{'s' * (len(steps) > 1)} {', '.join(str(k + 1) for k in steps)}{built})")
+    evidence = "; ".join(parts) + (
+        f" (rule: >= {RECOMPILE_DISTINCT_IDS_MIN} compile ids of one frame, or id >= "
+        f"{DYNAMO_RECOMPILE_LIMIT - 1}, or compiling inside the steps after start-up)")
+    level = "high" if at_limit or compiling > 0 else "medium"
+    return finding(
+        "recompiles", level, evidence,
+        "run with TORCH_LOGS=recompiles: it prints each recompile's failed guard (the value and "
+        "its line). A Python int or float that changes every call and steers the code (a loop "
+        "count, a slice, a branch) makes a graph per value: pass it as a tensor (a mask over a "
+        "fixed maximum), round it to a few buckets, or mark a changing size dynamic "
+        "(torch._dynamo.mark_dynamic); torch.compiler.set_stance('fail_on_recompile') makes a "
+        "recompile an error", "recompiles")
+
+
+def rule_graph_breaks(m: dict) -> dict | None:
+    """Compiled regions that run operators eagerly between their graphs (a graph break), at least
+    GRAPH_BREAKS_PER_STEP_MIN a recorded step (compiled.compiled_metrics)."""
+    compiled = m.get("compiled")
+    if not compiled or compiled["graph_breaks_per_step"] < GRAPH_BREAKS_PER_STEP_MIN:
+        return None
+    breaks = compiled["graph_breaks_per_step"]
+    eager = ", ".join(f"{op['name']} ({op['calls_per_step']:.1f} a step, "
+                      f"{op['ms_per_step']:.2f} ms)" for op in compiled["eager_operators"])
+    nested = compiled["nested_regions_per_step"]
+    evidence = (
+        f"{breaks:.1f} graph break{'s' * (breaks != 1)} a step: the compiled region of frame"
+        f"{'s' * (len(compiled['broken_frames']) > 1)} {', '.join(compiled['broken_frames'])} "
+        f"runs operators eagerly between its graphs, {compiled['eager_in_regions_ms_per_step']:.2f}"
+        f" ms a step ({eager})"
+        + (f", and {nested:.1f} region{'s' * (nested != 1)} a step of a frame resumed after a "
+           f"break nest{'s' * (nested == 1)} in it" if nested else "")
+        + f"; {compiled['regions_per_step']:.1f} compiled regions a step in all (rule: >= "
+          f"{GRAPH_BREAKS_PER_STEP_MIN:g} a step)")
+    return finding(
+        "graph_breaks", severity(breaks, GRAPH_BREAKS_PER_STEP_MIN), evidence,
+        "run with TORCH_LOGS=graph_breaks: it prints each break's line and reason. Keep .item(), "
+        ".tolist(), print and Python branches on tensor values out of the compiled code (a "
+        "torch.where or clamp instead of an if on a tensor, logging after the step), or compile "
+        "with fullgraph=True so that a break is an error", "recompiles")
+
+
 def copies_up(up: dict) -> str:
     """"2.0 copies a step of 77.1 MB each at 7.8 GB/s, all from pageable memory": the
     host-to-device copies as the trace shows them (metrics.copy_metrics)."""
@@ -799,7 +895,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
 
 
 RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch, rule_fp32_matmul,
-         rule_activation_memory, rule_memory_growth, rule_launch_overhead, rule_host_overhead,
+         rule_activation_memory, rule_memory_growth, rule_recompiles, rule_graph_breaks,
+         rule_launch_overhead, rule_host_overhead,
          rule_cpu_op_overhead, rule_python_between_ops, rule_host_sync,
          rule_host_roundtrip, rule_h2d_copy,
          rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)
@@ -811,12 +908,13 @@ RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch
 # smallest share any of them fires on (host_sync's): initialization alone could make one fire.
 # memory_growth too: start-up allocates as it goes (cuBLAS and cuDNN workspaces, autotuning,
 # compiled graphs' buffers, the optimizer's state on its first step), and start-up that compiles a
-# step at a time grows along a line as a leak does; its memory is not a leak.
+# step at a time grows along a line as a leak does; its memory is not a leak. recompiles too: a cold
+# trace compiles in its first steps, and a frame recompiles once when a shape first changes.
 INIT_WITHHOLD_MIN_PCT = HOST_SYNC_IDLE_MIN_PCT  # % of the window in initialization
 STEADY_STATE_RULES = ("dataloader", "host_region", "host_work_ops", "small_batch",
                       "launch_overhead", "exposed_communication", "unfused_optimizer",
                       "host_overhead", "host_sync", "host_roundtrip", "h2d_copy",
-                      "cpu_op_overhead", "python_between_ops", "memory_growth")
+                      "cpu_op_overhead", "python_between_ops", "memory_growth", "recompiles")
 
 
 def rule_initialization(m: dict) -> dict | None:

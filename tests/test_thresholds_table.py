@@ -39,6 +39,8 @@ RULE_CONSTANTS = {
     "memory_growth": ("MEMORY_GROWTH_R2_MIN", "memory.GROWTH_FIT_MIN_STEPS",
                       "MEMORY_GROWTH_MIN_PCT", "MEMORY_GROWTH_FULL_WITHIN_STEPS",
                       "MEMORY_ASSUMED_CAPACITY_MB"),
+    "recompiles": ("RECOMPILE_DISTINCT_IDS_MIN", "DYNAMO_RECOMPILE_LIMIT"),
+    "graph_breaks": ("GRAPH_BREAKS_PER_STEP_MIN",),
     "launch_overhead": ("LAUNCH_SHORT_KERNEL_MIN_PCT", "SMALL_BATCH_INPUT_BATCH_BELOW",
                         "GRAPH_REPLAYED_MIN_PCT", "metrics.SHORT_KERNEL_US"),
     "host_overhead": ("HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT", "SMALL_BATCH_INPUT_BATCH_BELOW",
