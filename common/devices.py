@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -196,3 +197,65 @@ def dynamo_frames_compiled() -> int:
         return 0
     from torch._dynamo.utils import counters
     return counters["frames"]["ok"]
+
+
+# --compile-log: torch.compile's structured log (torch._logging) goes to the folder the TORCH_TRACE
+# environment variable names, which torch reads once, when it is imported; tlparse (pip install
+# tlparse) turns the log into an HTML report of every compile: its guards, graph breaks with their
+# reasons and lines, recompiles with the guard that failed.
+TORCH_TRACE_VAR = "TORCH_TRACE"
+TORCH_TRACE_LOG_GLOB = "dedicated_log_torch_trace_*.log"
+TLPARSE_DIR = "tlparse"  # inside the --compile-log folder
+TLPARSE_TIMEOUT_S = 120
+
+
+def start_compile_log(folder: Path, argv_given: bool) -> Path:
+    """Make this process log torch.compile to `folder`. torch is already imported here, so a
+    process started without TORCH_TRACE set to it restarts itself once with it set (the same
+    command line); the first start removes an earlier run's logs and report from the folder."""
+    folder = folder.resolve()
+    if os.environ.get(TORCH_TRACE_VAR) == str(folder):
+        return folder
+    if argv_given:
+        fail("--compile-log needs the script's own command line (it restarts the script with "
+             "TORCH_TRACE set); run the script from a shell")
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob(TORCH_TRACE_LOG_GLOB):
+        old.unlink()
+    shutil.rmtree(folder / TLPARSE_DIR, ignore_errors=True)
+    os.environ[TORCH_TRACE_VAR] = str(folder)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def tlparse_program() -> str | None:
+    """tlparse beside this Python (a venv's bin, not always on PATH), else on PATH."""
+    beside = Path(sys.executable).parent / "tlparse"
+    return str(beside) if beside.exists() else shutil.which("tlparse")
+
+
+def finish_compile_log(run: Run) -> dict:
+    """The structured log this run wrote and, with tlparse installed, its HTML report
+    (<folder>/tlparse/index.html): {"log": path or None, "report": path or None, "note": ...}."""
+    folder = run.compile_log
+    logs = sorted(folder.glob(TORCH_TRACE_LOG_GLOB), key=lambda path: path.stat().st_mtime)
+    if not logs:
+        return {"log": None, "report": None,
+                "note": f"torch.compile wrote no log to {folder} (nothing was compiled)"}
+    log, report = logs[-1], None
+    program = tlparse_program()
+    if program is None:
+        note = (f"install tlparse (pip install tlparse) for an HTML report of each compile: "
+                f"tlparse {log} -o {folder / TLPARSE_DIR} --no-browser")
+    else:
+        done = subprocess.run([program, str(log), "-o", str(folder / TLPARSE_DIR), "--overwrite",
+                               "--no-browser"], capture_output=True, text=True,
+                              timeout=TLPARSE_TIMEOUT_S)
+        index = folder / TLPARSE_DIR / "index.html"
+        if done.returncode == 0 and index.exists():
+            report, note = index, f"tlparse's report of each compile: {index}"
+        else:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            note = f"tlparse failed on {log} (exit {done.returncode}): {last[0]}"
+    return {"log": str(log), "report": None if report is None else str(report), "note": note}

@@ -41,6 +41,7 @@ from common.devices import (
     device_name,
     note_cpu_bf16,
     require_cuda_graphs,
+    start_compile_log,
     tf32_in_force,
 )
 from common.devices import full_fp32_matmuls as full_fp32_matmuls
@@ -100,6 +101,12 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                         help=f"run the timed phase under cProfile: writes {CPROFILE_FILE} beside "
                              f"the trace and prints the top {CPROFILE_ROWS} functions by "
                              f"cumulative time (samples/s then includes cProfile's cost)")
+    parser.add_argument("--compile-log", type=Path, default=None, metavar="DIR",
+                        help="write torch.compile's structured log (TORCH_TRACE) to DIR and, "
+                             "where tlparse is installed (pip install tlparse), its HTML report "
+                             "of every compile to DIR/tlparse/index.html: guards, graph breaks "
+                             "and recompiles with their reasons; the script restarts itself "
+                             "once to set TORCH_TRACE")
     parser.add_argument("--memory-snapshot", action="store_true",
                         help=f"CUDA only: record the caching allocator's history over the "
                              f"profiled steps (torch.cuda.memory._record_memory_history) and write "
@@ -124,6 +131,8 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     parser = build_parser(demo, variant)
     flags = parser.parse_args(argv)
     device = pick_device(flags.device, parser)
+    compile_log = (start_compile_log(flags.compile_log, argv is not None)
+                   if flags.compile_log else None)
     if flags.memory_snapshot and device.type != "cuda":
         fail(f"--memory-snapshot: snapshots record the CUDA caching allocator and need a CUDA "
              f"GPU (this run is on {device.type}); on a CPU, python -m common.analyze reads "
@@ -164,7 +173,7 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
                preset_name=name, preset=preset, steps=flags.steps or preset.steps,
                seed=seed, out_dir=Path(flags.out) / demo / variant, rank=rank,
                world_size=world_size, distributed=dist_info, with_stack=flags.with_stack,
-               cprofile=flags.cprofile,
+               cprofile=flags.cprofile, compile_log=compile_log,
                memory_snapshot=device.type == "cuda" and (flags.memory_snapshot
                                                           or demo in MEMORY_SNAPSHOT_DEMOS_CUDA))
 
@@ -183,9 +192,12 @@ def describe_loader(loader) -> dict:
 
 def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable,
-                  autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
+                  autocast_dtype: torch.dtype | None = None,
+                  step_args: Callable[[], tuple] = tuple) -> Callable[[], None]:
     """One training step in the four regions every trace shows: data, forward, backward,
-    optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast."""
+    optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast.
+    `step_args()` is called once a step, in the data region; what it returns follows the inputs
+    into the forward call: model(inputs, *step_args())."""
     model.train()
 
     def precision():
@@ -199,9 +211,10 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
         with record_function("data"):
             fetch_started = time.perf_counter()
             inputs, targets = next_batch()
+            args = step_args()
             run.data_wait_s += time.perf_counter() - fetch_started
         with record_function("forward"), precision():
-            loss = loss_fn(model(inputs), targets)
+            loss = loss_fn(model(inputs, *args), targets)
         with record_function("backward"):  # outside autocast: backward follows the forward's dtypes
             loss.backward()
         with record_function("optimizer"):
@@ -231,12 +244,14 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
                     batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
                     autocast_dtype: torch.dtype | None = None,
                     loss_fn: Callable = torch.nn.functional.cross_entropy,
-                    token_counts: list[tuple[int, int]] | None = None) -> dict:
+                    token_counts: list[tuple[int, int]] | None = None,
+                    step_args: Callable[[], tuple] = tuple) -> dict:
     """Train on (inputs, targets) batches that already sit on the device, taken in turn, so the
     measurement holds the model's step and nothing of data loading. With `autocast_dtype`, the
     forward pass and the loss run under torch.autocast in that dtype. `token_counts`: (real,
     padded) tokens of each batch, counted on the host as the batches are taken, so the summary
-    gains tokens_per_s (real tokens) and padding_pct. Returns the summary."""
+    gains tokens_per_s (real tokens) and padding_pct. `step_args`: see training_step. Returns
+    the summary."""
     cycle = itertools.cycle(batches)
     if token_counts is not None:
         cycle = counting_tokens(run, cycle, itertools.cycle(token_counts))
@@ -246,7 +261,7 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
     if autocast_dtype == torch.bfloat16 and not run.is_cuda:
         note_cpu_bf16(run)
     return measure(run, training_step(run, model, optimizer, lambda: next(cycle), loss_fn,
-                                      autocast_dtype))
+                                      autocast_dtype, step_args))
 
 
 def counting_tokens(run: Run, batches: Iterator, counts: Iterator[tuple[int, int]]) -> Iterator:

@@ -130,6 +130,21 @@ PRESETS: dict[str, dict[str, Preset]] = {
                         sizes=dict(vocab=64, d_model=32, heads=2, blocks=1, max_len=128,
                                    median_len=16, num_classes=10)),
     },
+    "recompiles": {
+        # Early-exit training over 16 residual blocks 1024 wide, batch 256: depths 5..16 are 12
+        # values, 4 more than Dynamo's recompile limit (8), so a third of the steps run eagerly.
+        "cuda": Preset(batch_size=256, steps=200, warmup_steps=3, recorded_steps=8,
+                       sizes=dict(width=1024, blocks=16, num_classes=10, min_depth=5)),
+        # launch_overhead's 32 blocks 64 wide, batch 32, where compiling the whole model is 2.5x
+        # faster than eager; depths 17..32 are 16 values, so half the steps run eagerly once the
+        # limit is hit. Each new depth compiled in 3-7 s on a 2-core Xeon. 8 recorded steps: the
+        # trace shows several depths' graphs, and the depths run eagerly, side by side.
+        "cpu": Preset(batch_size=32, steps=200, warmup_steps=3, recorded_steps=8,
+                      sizes=dict(width=64, blocks=32, num_classes=10, min_depth=17)),
+        # 3 depths (2..4), under the limit: three compiles of a tiny graph, seconds in all.
+        "smoke": Preset(batch_size=8, steps=5, warmup_steps=1,
+                        sizes=dict(width=16, blocks=4, num_classes=10, min_depth=2)),
+    },
     "launch_overhead": {
         # 48 blocks 256 wide, batch 64: each kernel does ~8 M multiply-adds or less, a few us on an
         # H100, while eager PyTorch needs ~5-10 us of CPU to launch each of the >1,000 per step.

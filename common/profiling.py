@@ -33,6 +33,7 @@ from common.devices import (
     device_name,
     dynamo_frames_compiled,
     dynamo_report,
+    finish_compile_log,
     flops_achieved,
     tf32_in_force,
 )
@@ -326,6 +327,9 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
                  f"{f' ({breaks})' if breaks else ''}, "
                  f"{'n/a' if compile_s is None else f'{compile_s:.1f} s'} compiling; recompile "
                  f"limit {'hit: a frame runs eagerly from then on' if dynamo['recompile_limit_hit'] else 'not hit'}")
+    if run.compile_log:
+        run.extra["compile_log"] = compile_log = finish_compile_log(run)
+        log(run, f"compile log: {compile_log['log'] or 'none'}; {compile_log['note']}")
     events = trace.load_trace(trace_path)["traceEvents"]
     require_gpu_kernels(run, events)
     peak_reserved_mb = None  # the caching allocator's: what it holds from the GPU, used or not

@@ -86,6 +86,8 @@ class Run:
     cprofile: bool = False
     # CUDA only: record the allocator's history over the profiled steps (MEMORY_SNAPSHOT_FILE).
     memory_snapshot: bool = False
+    # --compile-log: where torch.compile's structured log goes (TORCH_TRACE), and tlparse's report.
+    compile_log: Path | None = None
     # torch.profiler records the ops of the thread that started it (and autograd's); a demo whose
     # step hands work to a thread of its own (serve_texts' tokenize_ahead) asks for every thread.
     profile_all_threads: bool = False
