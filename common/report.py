@@ -485,6 +485,9 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
         memory = memory_view_lines(comparison)
         if memory:
             lines += ["", f"{MEMORY_VIEW_NOTE}:", "", "```text", *memory, "```"]
+        compiled = compiled_view_lines(comparison)
+        if compiled:
+            lines += ["", f"{COMPILED_VIEW_NOTE}:", "", "```text", *compiled, "```"]
         for caption, png in section.figures:
             lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
     return "\n".join(lines) + "\n"
@@ -503,6 +506,22 @@ def memory_view_lines(comparison: dict) -> list[str]:
         memory = comparison[variant]["analysis"].get("memory")
         if memory:
             lines += [f"{variant}:", *(f"  {line}" for line in analyze.memory_lines(memory))]
+    return lines
+
+
+COMPILED_VIEW_NOTE = ("torch.compile's regions, from each trace (the analyzer's compiled line: "
+                      "python -m common.analyze)")
+
+
+def compiled_view_lines(comparison: dict) -> list[str]:
+    """Each variant's compiled line as the analyzer prints it (regions by frame and compile id,
+    graph breaks and the eager operators inside regions, compiling in the steps); [] where no
+    variant's trace has a compiled region in its steps."""
+    lines = []
+    for variant in compare.VARIANTS:
+        compiled = comparison[variant]["analysis"].get("compiled")
+        if compiled:
+            lines += [f"{variant}:", *(f"  {line}" for line in analyze.compiled_lines(compiled))]
     return lines
 
 
@@ -597,6 +616,9 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
         memory = memory_view_lines(comparison)
         if memory:
             parts.append(f"<p>{e(MEMORY_VIEW_NOTE)}:</p><pre>{e(chr(10).join(memory))}</pre>")
+        compiled = compiled_view_lines(comparison)
+        if compiled:
+            parts.append(f"<p>{e(COMPILED_VIEW_NOTE)}:</p><pre>{e(chr(10).join(compiled))}</pre>")
         for caption, png in section.figures:
             parts.append(f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
                          f"<figcaption>{e(caption)}</figcaption></figure>")

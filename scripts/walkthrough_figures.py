@@ -7,7 +7,10 @@ its own first profiled step), zoomed to where the pair's bottleneck shows (ZOOMS
 say where and why, per demo). Each row is the share of every column of time it is busy, as
 common/report.py's timeline draws it: the CPU regions that matter (data, enumerate(DataLoader),
 forward, backward, optimizer), the host's syncs or collective calls where they are the lesson,
-the GPU's kernels, and on a CPU run the PyTorch operators; dashed lines are step boundaries.
+the GPU's kernels, and on a CPU run the PyTorch operators; where torch.compile is the lesson, its
+compiled regions by Dynamo frame (each one's frame/compile id written beside it), the compiled
+graphs' calls and the operators run eagerly inside regions (common/compiled.py's definitions);
+dashed lines are step boundaries.
 Where memory is the lesson, a third panel draws memory allocated over the same window, from the
 trace's [memory] events.
 
@@ -40,14 +43,17 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import analyze, compare, intervals, report, syncs, trace, trace_steps  # noqa: E402
+from common import (analyze, compare, compiled, intervals, report, syncs, trace,  # noqa: E402
+                    trace_steps)
+from common.idle_causes import is_compile_work  # noqa: E402
 from common.intervals import Spans  # noqa: E402
 from common.kernel_names import ATTENTION_PATTERN, uses_tensor_cores  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
 
 DEMOS = ("dataloader_workers", "small_batch", "mixed_precision", "activation_checkpointing",
          "launch_overhead", "item_sync", "naive_attention", "unfused_optimizer", "padding_waste",
-         "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound", "memory_leak")
+         "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound", "memory_leak",
+         "recompiles")
 REFERENCE_ROOT = ROOT / "traces" / "reference"
 # Where a pair's picture is drawn from, the first folder that has both its runs: the H100 run,
 # else a CPU run (for the pairs the H100 reference does not have yet).
@@ -57,7 +63,7 @@ FIGURE_NAME = "trace.png"
 VARIANTS = compare.VARIANTS  # ("bad", "fixed"): bad drawn above fixed
 FIGURE_WIDTH_IN = 10.0  # the width a README shows at full size on a laptop screen
 # ~900 px wide: sharp enough in a README, and each PNG stays well under 120 KB (the walkthroughs
-# carry thirteen of them in the repository).
+# carry one each in the repository).
 FIGURE_DPI = 90
 ROW_HEIGHT_IN = 0.42  # one row of a variant's panel: its label in 8 pt fits with room to spare
 PANEL_EXTRA_IN = 0.75  # a panel's title and margins, on top of its rows
@@ -84,6 +90,14 @@ GPU_COLOR = "#2e7d32"  # report's GPU row
 EARLIER_KERNEL_COLOR = "#a5d6a7"
 EARLIER_KERNELS_SHOWN_MIN = 2.0  # columns' worth of them in the window: two pixels, seen
 OPERATOR_COLOR = "#455a64"  # a CPU run's operators: grey-blue, apart from the regions' colours
+# Compiled regions, a colour per Dynamo frame (0, 1, ...; cycled beyond): indigo and teal, apart
+# from forward's and backward's blues and from the graphs' green.
+FRAME_COLORS = ("#3949ab", "#00897b", "#6d4c41")
+GRAPH_CALL_COLOR = "#7cb342"  # a light green: compiled code running, as the GPU rows' green is work
+# Eager operators inside compiled regions: report's colour for bad, the cost the lesson is about.
+EAGER_IN_REGIONS_COLOR = report.VARIANT_COLORS["bad"]
+REGION_ID_FONT_PT = 7  # the "F/C" beside each compiled region: under the rows' 8 pt labels
+REGION_ID_PAD = 0.004  # its gap from the region's end, as a share of the window's width
 NAMED_OPERATOR_COLOR = "#d84315"  # one operator picked out by name (the cache's aten::cat)
 NOTE_COLOR = "#616161"  # the grey of the lines that qualify a title
 NOTE_WIDTH = 120  # characters a line of the figure's note: what 10 pt fits across the figure
@@ -110,6 +124,15 @@ OPERATORS_ROW = "operators"  # every PyTorch operator on the host (cpu_op), merg
 # A row of the user's record_function ranges of one name (the trace's user_annotation spans, as
 # the analyzer's host regions read them): "region:tokenize".
 REGION_ROW_PREFIX = "region:"
+# A row of the compiled regions of one Dynamo frame ("Torch-Compiled Region: F/C" operators, read
+# by compiled.REGION_NAME): "frame:1" is the frame Dynamo resumes after a graph break in frame 0.
+# Each region's "F/C" is written beside it: a compile id that changes from call to call is a
+# recompile.
+FRAME_ROW_PREFIX = "frame:"
+GRAPH_CALL_ROW = "compiled_graphs"  # compiled graphs run: operators of compiled.GRAPH_CALL_PREFIXES
+# The operators common/compiled.py counts as eager inside compiled regions: the code between two
+# graphs at a graph break, or a frame Dynamo declined to compile (past its recompile limit).
+EAGER_IN_REGIONS_ROW = "eager_in_regions"
 # A row of the operators whose name starts with the text after the prefix: "op:aten::cat".
 OPERATOR_ROW_PREFIX = "op:"
 CPU_ROWS = report.TIMELINE_ROWS
@@ -118,12 +141,15 @@ ROW_LABELS = {DATALOADER_REGION: "enumerate(DataLoader)", SYNC_ROW: "host waits 
               GPU_OPTIMIZER_ROW: "GPU: optimizer", TENSOR_CORE_ROW: "GPU: tensor-core kernels",
               CUDA_CORE_ROW: "GPU: kernels not on\ntensor cores",
               ATTENTION_ROW: "GPU: attention kernels", NOT_ATTENTION_ROW: "GPU: other kernels",
-              OPERATORS_ROW: "PyTorch operators\n(gaps: none runs)"}
+              OPERATORS_ROW: "PyTorch operators\n(gaps: none runs)",
+              GRAPH_CALL_ROW: "compiled graphs run\n(forward, backward)",
+              EAGER_IN_REGIONS_ROW: "eager operators\ninside regions"}
 ROW_COLORS = {**report.REGION_COLORS, SYNC_ROW: SYNC_COLOR, COLLECTIVE_ROW: COLLECTIVE_COLOR,
               GPU_ROW: GPU_COLOR, GPU_OPTIMIZER_ROW: report.REGION_COLORS["optimizer"],
               TENSOR_CORE_ROW: TENSOR_CORE_COLOR, CUDA_CORE_ROW: CUDA_CORE_COLOR,
               ATTENTION_ROW: TENSOR_CORE_COLOR, NOT_ATTENTION_ROW: CUDA_CORE_COLOR,
-              OPERATORS_ROW: OPERATOR_COLOR}
+              OPERATORS_ROW: OPERATOR_COLOR, GRAPH_CALL_ROW: GRAPH_CALL_COLOR,
+              EAGER_IN_REGIONS_ROW: EAGER_IN_REGIONS_COLOR}
 # Rows that split the kernels by name: the row -> which kernel names are its; and each
 # complement row -> the row whose kernels it leaves out.
 KERNEL_CLASSES = {TENSOR_CORE_ROW: uses_tensor_cores,
@@ -137,9 +163,10 @@ KERNEL_COMPLEMENTS = {CUDA_CORE_ROW: TENSOR_CORE_ROW, NOT_ATTENTION_ROW: ATTENTI
 HOST, GPU = "host", "gpu"
 # Words under the figure's title of a CPU run (the pairs the GPU reference lacks so far).
 CPU_RUN_NOTE = "needs a CUDA GPU; not yet run on one"
-# A pair whose whole lesson shows on a CPU says so instead (memory allocated, step by step).
+# A pair whose whole lesson shows on a CPU says so instead (memory allocated step by step;
+# Dynamo's compiled regions, which are the host's).
 CPU_LESSON_NOTE = "its lesson shows on a CPU too; not yet run on a GPU"
-CPU_LESSON_DEMOS = ("memory_leak",)
+CPU_LESSON_DEMOS = ("memory_leak", "recompiles")
 
 
 @dataclass(frozen=True)
@@ -254,6 +281,26 @@ ZOOMS = {
     "memory_leak": Zoom(HOST, ("forward", "backward", "optimizer", "region:log"), steps=23,
                         until=HOST, memory=True,
                         what="bad's first 23 recorded steps, with memory allocated"),
+    # torch.compile's regions are the lesson, and they are the host's: bad's 8 recorded steps
+    # (the preset's recorded_steps, CPU and CUDA alike), in which the depths it compiled and the
+    # depths past the recompile limit alternate. A compiled depth: frame 0's region (forward up
+    # to the .item()) holds frame 1's (the rest, its compile id a new one each depth), graphs
+    # run end to end, a short step. A depth past the limit: no frame-1 region, the blocks'
+    # operators run eagerly inside frame 0's region (red) and their backward eagerly too, a
+    # step 2 to 3 times as long (6.2 to 8.7 ms against 2.5 to 2.7 ms on the CPU reference).
+    # fixed's 8 steps, one region and one forward and one backward graph a step, end inside
+    # bad's fourth. Chosen before the pair had a GPU run (it is not in the H100 reference
+    # yet): check it against the first one.
+    "recompiles": Zoom(HOST, ("forward", "backward", FRAME_ROW_PREFIX + "0",
+                              FRAME_ROW_PREFIX + "1", GRAPH_CALL_ROW, EAGER_IN_REGIONS_ROW),
+                       steps=8, until=HOST,
+                       what="bad's 8 recorded steps, both compiled whole (torch.compile)",
+                       note="beside each compiled region, its frame/compile id; past the "
+                            "recompile limit a depth runs its blocks eagerly (red; its backward "
+                            "too); bad's samples/s counts its timed steps' compiling, the "
+                            "recorded steps hold none",
+                       labels=((FRAME_ROW_PREFIX + "0", "compiled regions,\nframe 0 (forward)"),
+                               (FRAME_ROW_PREFIX + "1", "frame 1: forward\nafter the .item()"))),
 }
 
 # The pairs whose picture comes from a CPU run until the GPU reference has them: what a CPU
@@ -261,6 +308,8 @@ ZOOMS = {
 CPU_ZOOMS = {
     # The same window as on a GPU: the allocations follow the host on both.
     "memory_leak": ZOOMS["memory_leak"],
+    # The same window as on a GPU: Dynamo's regions and the eager operators are the host's.
+    "recompiles": ZOOMS["recompiles"],
     # One request of bad (at --smoke sizes: its prompt's pass, then 8 tokens): each token runs
     # every block's operators one by one, the KV cache's aten::cat among them; fixed's token is
     # one call of the compiled graph (its "Torch-Compiled Region"), and more than a request of
@@ -433,6 +482,22 @@ def headline_memory_leak(run: Run) -> str:
             f"{as_printed(memory['growth_fit_r2'], '.2f')})")
 
 
+# How each variant of recompiles passes the depth to the compiled forward: the pair's one change.
+DEPTH_PASSED_AS = {"bad": "depth: a Python int", "fixed": "depth: a mask tensor"}
+
+
+def headline_recompiles(run: Run) -> str:
+    """Samples/s as compare prints it; regions, graph breaks and the eager time inside regions
+    as the analyzer's "compiled" line prints them (it prints no eager time where there is none)."""
+    found = run.result["compiled"] or {}
+    eager = found.get("eager_in_regions_ms_per_step") if found.get("eager_operators") else None
+    return (f"{run.variant} ({DEPTH_PASSED_AS[run.variant]}): {run.cell('samples/s')} "
+            f"samples/s; {as_printed(found.get('regions_per_step'), '.1f')} compiled "
+            f"regions/step, graph breaks {as_printed(found.get('graph_breaks_per_step'), '.1f')}"
+            f"/step, " + ("nothing eager in them" if eager is None
+                          else f"eager inside them {as_printed(eager, '.2f')} ms/step"))
+
+
 HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "small_batch": headline_small_batch,
              "mixed_precision": headline_mixed_precision,
@@ -446,6 +511,7 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "llm_decode": headline_llm_decode,
              "tokenizer_bound": headline_tokenizer_bound,
              "memory_leak": headline_memory_leak,
+             "recompiles": headline_recompiles,
              "ddp_no_sync": headline_ddp_no_sync}
 
 
@@ -506,6 +572,8 @@ class Panel:
         return self.sync_gaps_ms.size
     memory_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
     memory_mb: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # The compiled regions ending in the window, in the frame rows: (row key, end in ms, "F/C").
+    region_ids: list[tuple[str, float, str]] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -552,6 +620,59 @@ def named_operators(columns, prefix: str) -> np.ndarray:
     return np.fromiter((distinct[name] for name in names.tolist()), bool, names.size)
 
 
+def starts_with(names: np.ndarray, prefixes: tuple[str, ...]) -> np.ndarray:
+    """Which of `names` start with one of `prefixes` (each distinct name tested once)."""
+    distinct = {name: name.startswith(prefixes) for name in set(names.tolist())}
+    return np.fromiter((distinct[name] for name in names.tolist()), bool, names.size)
+
+
+def compiled_regions(columns) -> tuple[np.ndarray, list[str], list[str]]:
+    """The trace's compiled regions ("Torch-Compiled Region: F/C" operators), as
+    compiled.REGION_NAME reads them: their indices in cpu_ops, each one's frame F and its "F/C"
+    ("?" where a release before torch 2.5 writes neither)."""
+    names = columns.cpu_op_names
+    found = {name: compiled.REGION_NAME.match(name) for name in set(names.tolist())}
+    index = np.array([i for i, name in enumerate(names.tolist()) if found[name]], np.int64)
+    frames, ids = [], []
+    for i in index.tolist():
+        frame, compile_id = found[str(names[i])].groups()
+        frames.append("?" if frame is None else frame)
+        ids.append("?" if frame is None else f"{frame}/{compile_id}")
+    return index, frames, ids
+
+
+def eager_in_regions(columns) -> Spans:
+    """The operators common/compiled.py counts as eager inside compiled regions, by its rules
+    and with its helpers (compiled_metrics sums them; the figure draws each): an operator on a
+    region's thread, inside it, outside every graph call, Dynamo call, compiling range and region
+    nested in it, and the outermost of such. Every region in the trace, not only the recorded
+    steps' (compiled_metrics' window): the figure clips to its own."""
+    names, ops = columns.cpu_op_names, columns.cpu_ops
+    if not names.size:
+        return Spans.empty()
+    region, _, _ = compiled_regions(columns)
+    is_region = np.zeros(names.size, bool)
+    is_region[region] = True
+    work = starts_with(names, compiled.GRAPH_CALL_PREFIXES + compiled.DYNAMO_CALL_PREFIXES)
+    compiling = np.fromiter((is_compile_work(str(name)) for name in names), bool, names.size)
+    cover_kind = work | compiling | is_region
+    thread = columns.cpu_op_thread if columns.cpu_op_thread.size else np.zeros(names.size, int)
+    by_start = np.argsort(ops.start, kind="stable")
+    sorted_start = ops.start[by_start]
+    eager: set[int] = set()
+    for r in region.tolist():
+        near = by_start[np.searchsorted(sorted_start, ops.start[r], side="left"):
+                        np.searchsorted(sorted_start, ops.end[r], side="right")]
+        near = near[(ops.end[near] <= ops.end[r]) & (thread[near] == thread[r]) & (near != r)]
+        cover, inside = near[cover_kind[near]], near[~cover_kind[near]]
+        covered = intervals.merge(Spans(ops.start[cover], ops.end[cover]))
+        eager.update(compiled.outermost(
+            inside[~compiled.contained(ops.start[inside], ops.end[inside], covered)],
+            ops).tolist())
+    keep = np.array(sorted(eager), np.int64)
+    return Spans(ops.start[keep], ops.end[keep])
+
+
 def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
     """What row `key` draws. The GPU rows hold every kernel in the trace, not only the profiled
     steps': where the GPU runs behind the host, the kernels of earlier steps that run in the
@@ -572,6 +693,15 @@ def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
     if key.startswith(OPERATOR_ROW_PREFIX):
         keep = named_operators(columns, key.removeprefix(OPERATOR_ROW_PREFIX))
         return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
+    if key.startswith(FRAME_ROW_PREFIX):
+        region, frames, _ = compiled_regions(columns)
+        keep = region[np.array(frames) == key.removeprefix(FRAME_ROW_PREFIX)]
+        return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
+    if key == GRAPH_CALL_ROW:
+        keep = starts_with(columns.cpu_op_names, compiled.GRAPH_CALL_PREFIXES)
+        return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
+    if key == EAGER_IN_REGIONS_ROW:
+        return eager_in_regions(columns)
     if key.startswith(REGION_ROW_PREFIX):
         named = columns.annotation_names == key.removeprefix(REGION_ROW_PREFIX)
         return Spans(columns.annotations.start[named], columns.annotations.end[named])
@@ -654,6 +784,13 @@ def panel_of(demo: str, zoom: Zoom, run: Run, edges_ms: np.ndarray) -> Panel:
         first = int(np.argmin(kernels.start))
         if not launched[first]:
             unrecorded_until_ms = (kernels.start[first] - origin) / trace_steps.US_PER_MS
+    region_ids = []
+    if any(key.startswith(FRAME_ROW_PREFIX) for key in rows):
+        region, frames, ids = compiled_regions(analysis.columns)
+        ends_ms = (analysis.columns.cpu_ops.end[region] - origin) / trace_steps.US_PER_MS
+        region_ids = [(FRAME_ROW_PREFIX + frame, float(end), text)
+                      for frame, end, text in zip(frames, ends_ms, ids)
+                      if FRAME_ROW_PREFIX + frame in rows and edges_ms[0] < end <= edges_ms[-1]]
     return Panel(variant=run.variant, headline=HEADLINES[demo](run), note=timing_note(run),
                  run=run, origin_us=origin, end_ms=end_ms,
                  step_edges_ms=step_edges_ms,
@@ -662,7 +799,8 @@ def panel_of(demo: str, zoom: Zoom, run: Run, edges_ms: np.ndarray) -> Panel:
                  syncs_ms=to_ms(Spans(waits.start[in_window], waits.end[in_window]), origin),
                  earlier_kernels=earlier, unrecorded_until_ms=unrecorded_until_ms,
                  memory_ms=memory_ms,
-                 memory_mb=analysis.memory_mb if zoom.memory else np.empty(0))
+                 memory_mb=analysis.memory_mb if zoom.memory else np.empty(0),
+                 region_ids=region_ids)
 
 
 def in_reference(demo: str, reference: Path) -> bool:
@@ -732,6 +870,9 @@ def figure_data(demo: str, reference: Path | None = None) -> FigureData:
 def row_color(key: str) -> str:
     if key in ROW_COLORS:
         return ROW_COLORS[key]
+    if key.startswith(FRAME_ROW_PREFIX):
+        frame = key.removeprefix(FRAME_ROW_PREFIX)
+        return FRAME_COLORS[int(frame) % len(FRAME_COLORS) if frame.isdigit() else 0]
     if key.startswith(REGION_ROW_PREFIX):
         return report.HOST_REGION_COLORS[0]
     if key.startswith(OPERATOR_ROW_PREFIX):
@@ -740,6 +881,8 @@ def row_color(key: str) -> str:
 
 
 def row_label(zoom: Zoom, key: str) -> str:
+    if key.startswith(FRAME_ROW_PREFIX) and key not in dict(zoom.labels):
+        return f"compiled regions,\nframe {key.removeprefix(FRAME_ROW_PREFIX)}"
     return dict(zoom.labels).get(key) or ROW_LABELS.get(
         key, key.removeprefix(REGION_ROW_PREFIX).removeprefix(OPERATOR_ROW_PREFIX))
 
@@ -794,6 +937,9 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
                             zorder=0)
         if data.zoom.point_at_waits:
             point_at_waits(ax, data, panel, keys)
+    for key, end, text in panel.region_ids:  # each region's frame/compile id, after its end
+        ax.text(end + REGION_ID_PAD * (high - low), keys.index(key), text, ha="left",
+                va="center", fontsize=REGION_ID_FONT_PT, color=row_color(key))
     for edge in panel.step_edges_ms[(panel.step_edges_ms >= low) & (panel.step_edges_ms <= high)]:
         ax.axvline(edge, color="#616161", lw=0.8, ls="--", zorder=0)  # behind the rows
     if panel.end_ms < high:  # past the profiled steps: nothing recorded, not an idle GPU

@@ -68,6 +68,15 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
             assert syncs >= 5 if variant == "bad" else syncs == 0, (variant, syncs)
             # fixed ran a step under torch.cuda.set_sync_debug_mode("error") (config sync_free)
             assert variant == "bad" or "made no sync" in result.stdout
+        if demo == "recompiles":  # the compile verdicts read host operators: the same on a GPU
+            found = {f["id"] for f in analysis["findings"]}
+            syncs = analysis["gpu"]["syncs_per_step"]
+            if variant == "bad":  # .item() breaks the graph and syncs with the GPU every step
+                assert "graph_breaks" in found and syncs >= 1, (found, syncs)
+                assert summary["extra"]["dynamo"]["graphs"] >= 3
+            else:
+                assert not found & {"recompiles", "graph_breaks"} and syncs == 0, (found, syncs)
+                assert summary["extra"]["dynamo"]["graphs"] == 1
         check_memory(demo, variant, run_dir, summary, analysis)
     if demo == "item_sync":
         check_snapshot_flag(tmp_path)

@@ -26,10 +26,12 @@ SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
 CPU_PAIRS = ("llm_decode", "tokenizer_bound", "host_roundtrip")  # pictures from CPU runs so far
+# Pictures from CPU runs of pairs whose lesson shows on a CPU too (not yet run on a GPU).
+CPU_LESSON_PAIRS = ("memory_leak", "recompiles")
 # Pairs whose lesson needs a GPU to show, not yet run on one: no picture until then.
 NO_PICTURE_YET = {"fragmentation"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MAX_PNG_BYTES = 120 * 1024  # the brief's cap: thirteen figures stay small in the repository
+MAX_PNG_BYTES = 120 * 1024  # the brief's cap: every walkthrough's figure stays small in the repository
 README_HEAD_LINES = 15  # the picture comes right after the title and the symptom
 SCRIPT_TIMEOUT_S = 120  # each run answers in seconds; this only stops a hang
 PROFILED_VS_TIMED_MAX = 1.2  # the profiled steps "differ" from the timed p50 beyond this factor
@@ -157,7 +159,7 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
     if on_gpu:  # the GPU idle line's total, and the GPU line's utilization
         idle = grab(out, r"^GPU idle (\S+) % of the steps", "GPU idle")
         utilization = grab(out, r"utilization (\S+) % of the steps", "GPU ")
-    if demo in CPU_PAIRS and on_gpu:
+    if demo in CPU_PAIRS + CPU_LESSON_PAIRS and on_gpu:
         pytest.fail(f"{demo}: its picture now comes from a GPU run; list the numbers its GPU "
                     f"headline shows here, and check its zoom on the run (ZOOMS says how)")
     if demo == "dataloader_workers":
@@ -205,6 +207,13 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
                  grab(out, r"-> (\S+) MB", "memory "),
                  grab(out, r"steps\), \+(\S+) MB/step", "memory "),
                  grab(out, r"\(R\^2 (\S+)\)", "memory ")], ["2"])  # the 2 of "R^2"
+    if demo == "recompiles":  # compare's samples/s; the analyzer's compiled line
+        shown = [f"{summary['samples_per_s']:.1f}",
+                 grab(out, r"^compiled (\S+) regions/step", "compiled "),
+                 grab(out, r"graph breaks (\S+)/step", "compiled ")]
+        if "eager inside regions" in out:  # printed only where a region ran eager operators
+            shown.append(grab(out, r"eager inside regions (\S+) ms/step", "compiled "))
+        return shown, []
     pytest.fail(f"{demo}: no expected numbers for its headline")
 
 
@@ -263,6 +272,68 @@ def test_cpu_pictures_exist_and_say_cpu(drawn, demo):
     assert f"CPU run, {summary['device_name']}, torch {summary['torch_version']}" in data.title
     assert "needs a CUDA GPU; not yet run on one" in data.title
     assert (ROOT / "demos" / demo / "trace.png").is_file()
+
+
+@pytest.mark.parametrize("demo", CPU_LESSON_PAIRS)
+def test_cpu_lesson_pictures_exist_and_say_the_lesson_shows_on_a_cpu(drawn, demo):
+    """The pairs whose lesson shows on a CPU too are drawn from their CPU runs and say so:
+    "CPU run", the CPU, torch, and that no GPU has run them yet (not that they need one)."""
+    if (REFERENCE / demo / "bad").is_dir():
+        pytest.skip(f"{demo} has an H100 run now: its picture comes from it")
+    data = drawn[demo]
+    assert data.reference == CPU_REFERENCE
+    summary = data.panels["bad"].run.summary
+    assert f"CPU run, {summary['device_name']}, torch {summary['torch_version']}" in data.title
+    assert "its lesson shows on a CPU too; not yet run on a GPU" in data.title
+    assert "needs a CUDA GPU" not in data.title
+    assert (ROOT / "demos" / demo / "trace.png").is_file()
+
+
+@pytest.mark.skipif(not (CPU_REFERENCE / "recompiles").is_dir(),
+                    reason="no CPU run of recompiles committed")
+def test_recompiles_draws_regions_recompiles_and_eager_fallback(drawn):
+    """bad: frame 0's region every step; frame 1's (resumed after the .item()) only in the
+    steps whose depth was compiled, under a compile id that changes from step to step; in the
+    other steps the blocks run eagerly inside frame 0's region, and those steps are longer.
+    fixed: one region a step, all 0/0, no frame 1 and nothing eager. The eager row is
+    common/compiled.py's eager operators: over the recorded steps it sums to the analyzer's
+    eager_in_regions_ms_per_step."""
+    from common import intervals
+    data = drawn["recompiles"]
+    for variant, panel in data.panels.items():
+        analysis = panel.run.analysis
+        steps = analysis.columns.steps
+        eager = figures.eager_in_regions(analysis.columns)
+        per_step_ms = sum(intervals.union_in(eager, start, end)
+                          for start, end in zip(steps.start, steps.end)) / 1000 / steps.size
+        expected = panel.run.result["compiled"]["eager_in_regions_ms_per_step"]
+        assert per_step_ms == pytest.approx(expected, rel=1e-9, abs=1e-12), variant
+        # The window is bad's recorded steps: every one of each variant's steps in it is drawn.
+        ids = [text for key, end, text in panel.region_ids]
+        assert ids.count("0/0") == steps.size, (variant, ids)
+    bad, fixed = data.panels["bad"], data.panels["fixed"]
+    assert data.window_ms[1] == pytest.approx(bad.step_edges_ms[-1])  # all of bad's steps
+    frame_1 = [text for key, end, text in bad.region_ids if key == "frame:1"]
+    assert len(set(frame_1)) >= 2, frame_1  # a new compile id of frame 1: a recompile
+    assert all(text.startswith("1/") for text in frame_1)
+    assert not fixed.rows["frame:1"].any() and not fixed.rows["eager_in_regions"].any()
+    assert {text for key, end, text in fixed.region_ids} == {"0/0"}
+    # Per bad step: a frame-1 region, or eager operators inside frame 0's (the blocks), and the
+    # eager steps the longer. Column edges in ms, the panel's rows per column.
+    columns = data.edges_ms
+    durations = {True: [], False: []}
+    for start, end in zip(bad.step_edges_ms[:-1], bad.step_edges_ms[1:]):
+        inside = (columns[:-1] >= start) & (columns[1:] <= end)
+        has_frame_1 = bool(bad.rows["frame:1"][inside].any())
+        eager_columns = (bad.rows["eager_in_regions"][inside] > 0.5).sum()
+        # Compiled depth: the .item()'s few µs of eager code, under a column's half; past the
+        # limit: the blocks' operators fill dozens of columns (about 1 ms of 0.06 ms columns).
+        assert (eager_columns == 0) == has_frame_1, (start, eager_columns, has_frame_1)
+        durations[has_frame_1].append(end - start)
+    assert durations[True] and durations[False]
+    assert min(durations[False]) > max(durations[True])
+    labels = {key: figures.row_label(data.zoom, key) for key in bad.rows}
+    assert ".item()" in labels["frame:1"] and "inside regions" in labels["eager_in_regions"]
 
 
 @pytest.mark.skipif(not CPU_REFERENCE.is_dir(), reason="no CPU runs committed")
