@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from common.idle_causes import is_compile_work, step_of
+from common.idle_causes import is_compile_work, names_where, step_of
 from common.intervals import Spans, merge, union_in
 from common.trace_columns import TraceColumns
 
@@ -43,47 +43,19 @@ def compiled_metrics(columns: TraceColumns, steps: Spans) -> dict | None:
         return None
     low, high = float(steps.start[0]), float(steps.end[-1])
     in_window = (ops.start >= low) & (ops.start < high)
-    matches = [REGION_NAME.match(str(name)) for name in names]
-    region = np.fromiter((m is not None for m in matches), bool, names.size) & in_window
-    work = np.fromiter((is_compile_work(str(name)) for name in names), bool, names.size)
+    region, covers = region_flags(columns)
+    region &= in_window
+    work = names_where(names, is_compile_work)
     compiling = merge(Spans(ops.start[work], ops.end[work]))
     compiling_ms = union_in(compiling, low, high) / US_PER_MS
     if not region.any() and compiling_ms == 0:
         return None
     n_steps = steps.size
-    machinery = np.fromiter((str(name).startswith(GRAPH_CALL_PREFIXES + DYNAMO_CALL_PREFIXES)
-                             for name in names), bool, names.size)
-    graph_call = np.fromiter((str(name).startswith(GRAPH_CALL_PREFIXES) for name in names),
-                             bool, names.size)
-    thread = columns.cpu_op_thread if columns.cpu_op_thread.size else np.zeros(names.size, int)
-
-    regions = []
-    for i in np.flatnonzero(region).tolist():
-        frame, compile_id = matches[i].groups()
-        regions.append({"index": i, "frame": None if frame is None else int(frame),
-                        "compile_id": None if compile_id is None else int(compile_id),
-                        "start": float(ops.start[i]), "end": float(ops.end[i]),
-                        "thread": int(thread[i])})
-    # Each region's own eager operators: on its thread, inside it, outside every graph call,
-    # Dynamo call, compiling range and region nested in it; the outermost of them only.
-    by_start = np.argsort(ops.start, kind="stable")
-    sorted_start = ops.start[by_start]
-    cover_kind = machinery | work | region
-    eager_index: list[int] = []
-    broken = []
-    for r in regions:
-        near = by_start[np.searchsorted(sorted_start, r["start"], side="left"):
-                        np.searchsorted(sorted_start, r["end"], side="right")]
-        near = near[(ops.end[near] <= r["end"]) & (thread[near] == r["thread"])
-                    & (near != r["index"])]
-        cover = near[cover_kind[near]]
-        inside = near[~cover_kind[near]]
-        covered = merge(Spans(ops.start[cover], ops.end[cover]))
-        mine = outermost(inside[~contained(ops.start[inside], ops.end[inside], covered)], ops)
-        r["eager"] = mine.tolist()
-        if mine.size:
-            eager_index.extend(r["eager"])
-            broken.append(r)
+    graph_call = names_where(names, lambda name: name.startswith(GRAPH_CALL_PREFIXES))
+    thread = op_threads(columns)
+    regions = read_regions(columns, region, covers, thread)
+    eager_index = [i for r in regions for i in r["eager"]]
+    broken = [r for r in regions if r["eager"]]
 
     frames: dict[str, dict] = {}
     for r in regions:
@@ -139,6 +111,51 @@ def compiled_metrics(columns: TraceColumns, steps: Spans) -> dict | None:
         "compiling_steps": compile_steps,
         "compiled_in_steps": [f"{frame}/{cid}" for frame, cid in sorted(built)],
     }
+
+
+def op_threads(columns: TraceColumns) -> np.ndarray:
+    """Each operator's thread (one thread where the reader kept none)."""
+    if columns.cpu_op_thread.size:
+        return columns.cpu_op_thread
+    return np.zeros(columns.cpu_op_names.size, np.int64)
+
+
+def region_flags(columns: TraceColumns) -> tuple[np.ndarray, np.ndarray]:
+    """Which operators are compiled regions, and which are not user code inside one: regions,
+    graph calls, Dynamo's calls and compiling ranges."""
+    names = columns.cpu_op_names
+    region = names_where(names, REGION_NAME.match)
+    covers = (region | names_where(names, is_compile_work)
+              | names_where(names, lambda name: name.startswith(GRAPH_CALL_PREFIXES
+                                                                 + DYNAMO_CALL_PREFIXES)))
+    return region, covers
+
+
+def read_regions(columns: TraceColumns, region: np.ndarray, covers: np.ndarray,
+                 thread: np.ndarray) -> list[dict]:
+    """The compiled regions at the operators `region` marks (region_flags, and a window), by
+    start: index, frame and compile_id (None where the name has none), start, end, thread, and
+    `eager`: its own eager operators' indices. Those are on its thread, inside it, outside every
+    operator `covers` marks (a graph call, a Dynamo call, compiling, a region nested in it), and
+    the outermost of such."""
+    ops, names = columns.cpu_ops, columns.cpu_op_names
+    by_start = np.argsort(ops.start, kind="stable")
+    sorted_start = ops.start[by_start]
+    regions = []
+    for i in np.flatnonzero(region).tolist():
+        frame, compile_id = REGION_NAME.match(str(names[i])).groups()
+        start, end = float(ops.start[i]), float(ops.end[i])
+        near = by_start[np.searchsorted(sorted_start, start, side="left"):
+                        np.searchsorted(sorted_start, end, side="right")]
+        near = near[(ops.end[near] <= end) & (thread[near] == thread[i]) & (near != i)]
+        covered = merge(Spans(ops.start[near[covers[near]]], ops.end[near[covers[near]]]))
+        inside = near[~covers[near]]
+        mine = outermost(inside[~contained(ops.start[inside], ops.end[inside], covered)], ops)
+        regions.append({"index": i, "frame": None if frame is None else int(frame),
+                        "compile_id": None if compile_id is None else int(compile_id),
+                        "start": start, "end": end, "thread": int(thread[i]),
+                        "eager": mine.tolist()})
+    return regions
 
 
 def contained(start: np.ndarray, end: np.ndarray, merged: Spans) -> np.ndarray:

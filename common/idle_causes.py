@@ -94,6 +94,16 @@ COMPILE_RANGE_NAMES = ("entire_frame_compile", "dynamo")
 def is_compile_work(name: str) -> bool:
     """A range of torch.compile compiling (tracing, AOTAutograd, Inductor), not running."""
     return COMPILE_MARKER in name or name in COMPILE_RANGE_NAMES
+
+
+def names_where(names: np.ndarray, test) -> np.ndarray:
+    """test(name) for each of `names`, evaluated once per distinct name (a trace repeats a few
+    thousand names over its events): all False, without a pass over the events, when none holds."""
+    distinct = set(names.tolist())
+    hits = {name for name in distinct if test(str(name))}
+    if not hits:
+        return np.zeros(len(names), bool)
+    return np.fromiter((name in hits for name in names.tolist()), bool, len(names))
 INIT_KINDS = ("setup_call", "long_launch", "first_launch", "first_call", "compile",
               "first_collective")
 INIT_KIND_WORDS = {
@@ -297,9 +307,9 @@ def compile_spans(columns: TraceColumns, host: Spans) -> list[dict]:
     """torch.compile's compiling ranges (is_compile_work: record_function ranges, which torch
     2.14 writes as operators, older releases as annotations) that reach into the host steps,
     outermost only (they nest)."""
-    names = columns.annotation_names.tolist() + columns.cpu_op_names.tolist()
+    names = np.concatenate([columns.annotation_names, columns.cpu_op_names])
     spans = concat(columns.annotations, columns.cpu_ops)
-    marked = np.fromiter((is_compile_work(str(name)) for name in names), bool, len(names))
+    marked = names_where(names, is_compile_work)
     marked &= (spans.end > host.start[0]) & (spans.start < host.end[-1])
     index = np.flatnonzero(marked)
     if not index.size:
@@ -571,8 +581,7 @@ def host_regions(columns: TraceColumns) -> HostRegions:
     duration = candidates.end - candidates.start
     # torch.compile's own ranges ("... (dynamo_timed)": tracing, Inductor's codegen) are compiling,
     # which initialization_regime counts: no host region of the user's.
-    compiling = np.fromiter((is_compile_work(str(name))
-                             for name in columns.annotation_names), bool, candidates.size)
+    compiling = names_where(columns.annotation_names, is_compile_work)
     quiet = enqueues_nothing(columns, candidates.start, candidates.end) & (duration > 0) & (
         ~compiling)
     outside = np.zeros(candidates.size)

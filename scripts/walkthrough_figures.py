@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 
 from common import (analyze, compare, compiled, intervals, report, syncs, trace,  # noqa: E402
                     trace_steps)
-from common.idle_causes import is_compile_work  # noqa: E402
+from common.idle_causes import names_where  # noqa: E402
 from common.intervals import Spans  # noqa: E402
 from common.kernel_names import ATTENTION_PATTERN, uses_tensor_cores  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
@@ -615,61 +615,27 @@ def step_end_ms(analysis: analyze.Analysis, zoom: Zoom) -> float:
 
 def named_operators(columns, prefix: str) -> np.ndarray:
     """Which of the trace's operators (cpu_ops) have a name that starts with `prefix`."""
-    names = columns.cpu_op_names
-    distinct = {name: name.startswith(prefix) for name in set(names.tolist())}
-    return np.fromiter((distinct[name] for name in names.tolist()), bool, names.size)
+    return names_where(columns.cpu_op_names, lambda name: name.startswith(prefix))
 
 
-def starts_with(names: np.ndarray, prefixes: tuple[str, ...]) -> np.ndarray:
-    """Which of `names` start with one of `prefixes` (each distinct name tested once)."""
-    distinct = {name: name.startswith(prefixes) for name in set(names.tolist())}
-    return np.fromiter((distinct[name] for name in names.tolist()), bool, names.size)
+def compiled_regions(columns) -> list[dict]:
+    """Every compiled region in the trace as common/compiled.py reads it (read_regions: frame,
+    compile id, start, end, and its own eager operators): the same definition the analyzer sums
+    over the recorded steps, here over the whole trace (the figure clips to its window)."""
+    region, covers = compiled.region_flags(columns)
+    return compiled.read_regions(columns, region, covers, compiled.op_threads(columns))
 
 
-def compiled_regions(columns) -> tuple[np.ndarray, list[str], list[str]]:
-    """The trace's compiled regions ("Torch-Compiled Region: F/C" operators), as
-    compiled.REGION_NAME reads them: their indices in cpu_ops, each one's frame F and its "F/C"
-    ("?" where a release before torch 2.5 writes neither)."""
-    names = columns.cpu_op_names
-    found = {name: compiled.REGION_NAME.match(name) for name in set(names.tolist())}
-    index = np.array([i for i, name in enumerate(names.tolist()) if found[name]], np.int64)
-    frames, ids = [], []
-    for i in index.tolist():
-        frame, compile_id = found[str(names[i])].groups()
-        frames.append("?" if frame is None else frame)
-        ids.append("?" if frame is None else f"{frame}/{compile_id}")
-    return index, frames, ids
+def region_label(region: dict) -> str:
+    """"F/C", or "?" where a release before torch 2.5 names neither."""
+    return "?" if region["frame"] is None else f"{region['frame']}/{region['compile_id']}"
 
 
 def eager_in_regions(columns) -> Spans:
-    """The operators common/compiled.py counts as eager inside compiled regions, by its rules
-    and with its helpers (compiled_metrics sums them; the figure draws each): an operator on a
-    region's thread, inside it, outside every graph call, Dynamo call, compiling range and region
-    nested in it, and the outermost of such. Every region in the trace, not only the recorded
-    steps' (compiled_metrics' window): the figure clips to its own."""
-    names, ops = columns.cpu_op_names, columns.cpu_ops
-    if not names.size:
-        return Spans.empty()
-    region, _, _ = compiled_regions(columns)
-    is_region = np.zeros(names.size, bool)
-    is_region[region] = True
-    work = starts_with(names, compiled.GRAPH_CALL_PREFIXES + compiled.DYNAMO_CALL_PREFIXES)
-    compiling = np.fromiter((is_compile_work(str(name)) for name in names), bool, names.size)
-    cover_kind = work | compiling | is_region
-    thread = columns.cpu_op_thread if columns.cpu_op_thread.size else np.zeros(names.size, int)
-    by_start = np.argsort(ops.start, kind="stable")
-    sorted_start = ops.start[by_start]
-    eager: set[int] = set()
-    for r in region.tolist():
-        near = by_start[np.searchsorted(sorted_start, ops.start[r], side="left"):
-                        np.searchsorted(sorted_start, ops.end[r], side="right")]
-        near = near[(ops.end[near] <= ops.end[r]) & (thread[near] == thread[r]) & (near != r)]
-        cover, inside = near[cover_kind[near]], near[~cover_kind[near]]
-        covered = intervals.merge(Spans(ops.start[cover], ops.end[cover]))
-        eager.update(compiled.outermost(
-            inside[~compiled.contained(ops.start[inside], ops.end[inside], covered)],
-            ops).tolist())
-    keep = np.array(sorted(eager), np.int64)
+    """The operators common/compiled.py counts as eager inside compiled regions (compiled_metrics
+    sums them; the figure draws each)."""
+    ops = columns.cpu_ops
+    keep = np.array(sorted({i for r in compiled_regions(columns) for i in r["eager"]}), np.int64)
     return Spans(ops.start[keep], ops.end[keep])
 
 
@@ -694,11 +660,12 @@ def row_spans(analysis: analyze.Analysis, key: str) -> Spans:
         keep = named_operators(columns, key.removeprefix(OPERATOR_ROW_PREFIX))
         return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
     if key.startswith(FRAME_ROW_PREFIX):
-        region, frames, _ = compiled_regions(columns)
-        keep = region[np.array(frames) == key.removeprefix(FRAME_ROW_PREFIX)]
-        return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
+        mine = [r for r in compiled_regions(columns)
+                if region_label(r).split("/")[0] == key.removeprefix(FRAME_ROW_PREFIX)]
+        return Spans(np.array([r["start"] for r in mine]), np.array([r["end"] for r in mine]))
     if key == GRAPH_CALL_ROW:
-        keep = starts_with(columns.cpu_op_names, compiled.GRAPH_CALL_PREFIXES)
+        keep = names_where(columns.cpu_op_names,
+                           lambda name: name.startswith(compiled.GRAPH_CALL_PREFIXES))
         return Spans(columns.cpu_ops.start[keep], columns.cpu_ops.end[keep])
     if key == EAGER_IN_REGIONS_ROW:
         return eager_in_regions(columns)
@@ -786,11 +753,12 @@ def panel_of(demo: str, zoom: Zoom, run: Run, edges_ms: np.ndarray) -> Panel:
             unrecorded_until_ms = (kernels.start[first] - origin) / trace_steps.US_PER_MS
     region_ids = []
     if any(key.startswith(FRAME_ROW_PREFIX) for key in rows):
-        region, frames, ids = compiled_regions(analysis.columns)
-        ends_ms = (analysis.columns.cpu_ops.end[region] - origin) / trace_steps.US_PER_MS
-        region_ids = [(FRAME_ROW_PREFIX + frame, float(end), text)
-                      for frame, end, text in zip(frames, ends_ms, ids)
-                      if FRAME_ROW_PREFIX + frame in rows and edges_ms[0] < end <= edges_ms[-1]]
+        for region in compiled_regions(analysis.columns):
+            text = region_label(region)
+            key, end = FRAME_ROW_PREFIX + text.split("/")[0], (
+                region["end"] - origin) / trace_steps.US_PER_MS
+            if key in rows and edges_ms[0] < end <= edges_ms[-1]:
+                region_ids.append((key, float(end), text))
     return Panel(variant=run.variant, headline=HEADLINES[demo](run), note=timing_note(run),
                  run=run, origin_us=origin, end_ms=end_ms,
                  step_edges_ms=step_edges_ms,
