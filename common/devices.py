@@ -170,8 +170,8 @@ DYNAMO_COMPILE_TIMER = "_compile.compile_inner"
 
 def dynamo_report() -> dict | None:
     """What torch.compile did in this process so far, from Dynamo's counters
-    (torch._dynamo.utils.counters; None without torch.compile): frames compiled, graphs made,
-    graph breaks and their reasons (each reason's first line), whether a frame hit the
+    (torch._dynamo.utils.counters; None without torch.compile): frames compiled, recompiles,
+    graphs made, graph breaks and their reasons (each reason's first line), whether a frame hit the
     recompile limit (then it runs eagerly, with a warning only), and seconds spent compiling."""
     if "torch._dynamo" not in sys.modules:
         return None
@@ -182,7 +182,14 @@ def dynamo_report() -> dict | None:
         reasons[first] = reasons.get(first, 0) + count
     names, seconds = compile_times(repr="csv", aggregate=True)
     timers = dict(zip(names, seconds))
+    # Compile ids handed out per frame (the C of "Torch-Compiled Region: F/C"): those beyond a
+    # frame's first are its recompiles, the attempt that hit the limit among them. A module
+    # global of Dynamo's (torch >= 2.1); None where a release lacks it.
+    per_frame = getattr(sys.modules.get("torch._dynamo.convert_frame"),
+                        "FRAME_COMPILE_COUNTER", None)
     return {"frames_compiled": dynamo_frames_compiled(),
+            "recompiles": (None if per_frame is None
+                           else sum(max(0, count - 1) for count in per_frame.values())),
             "graphs": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(reasons.values()), "graph_break_reasons": reasons,
             "recompile_limit_hit": any(RECOMPILE_LIMIT_REASON.search(str(reason))

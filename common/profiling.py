@@ -321,9 +321,11 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         breaks = "; ".join(f"{count}x {reason}"
                            for reason, count in dynamo["graph_break_reasons"].items())
         compile_s = dynamo["compile_s"]
+        recompiles = "n/a" if dynamo["recompiles"] is None else dynamo["recompiles"]
         log(run, f"torch.compile: {dynamo['frames_compiled']} frames compiled "
                  f"({run.extra['dynamo_frames_compiled']['timed_and_profiled']} after the "
-                 f"warm-up), {dynamo['graphs']} graphs, {dynamo['graph_breaks']} graph breaks"
+                 f"warm-up), {recompiles} recompiles, {dynamo['graphs']} graphs, "
+                 f"{dynamo['graph_breaks']} graph breaks"
                  f"{f' ({breaks})' if breaks else ''}, "
                  f"{'n/a' if compile_s is None else f'{compile_s:.1f} s'} compiling; recompile "
                  f"limit {'hit: a frame runs eagerly from then on' if dynamo['recompile_limit_hit'] else 'not hit'}")

@@ -46,12 +46,15 @@ def test_a_recompile_per_value_hits_the_limit_and_says_so():
     found = report_of(limit=3, calls=6, item=False)
     assert found["recompile_limit_hit"] is True
     assert found["frames_compiled"] == 3 and found["graphs"] == 3  # then it ran eagerly
+    # compile ids 0, 1, 2 compiled, and the attempt for the 4th value, refused at the limit
+    assert found["recompiles"] == 3
     assert found["graph_breaks"] == 0 and found["compile_s"] > 0
 
 
 def test_under_the_limit_it_is_not_hit():
     found = report_of(limit=8, calls=3, item=False)
     assert found["recompile_limit_hit"] is False and found["frames_compiled"] == 3
+    assert found["recompiles"] == 2  # one function, compile ids 0, 1, 2
 
 
 def test_an_item_in_a_condition_is_a_graph_break_with_its_reason():

@@ -47,6 +47,7 @@ def test_bad_recompiles_and_breaks_its_graph_and_the_analyzer_names_both(pair):
     # A graph for the part before the break, then one per depth the resumed frame met.
     depths = SIZES["blocks"] - SIZES["min_depth"] + 1
     assert 1 + 2 <= dynamo["graphs"] <= 1 + depths + 1
+    assert dynamo["recompiles"] >= 2  # the resumed frame's compile ids beyond its first
     assert fired(result) >= {"recompiles", "graph_breaks"}
     compiled = result["compiled"]
     assert compiled["graph_breaks_per_step"] == 1.0 and compiled["broken_frames"] == ["0"]
@@ -56,7 +57,7 @@ def test_bad_recompiles_and_breaks_its_graph_and_the_analyzer_names_both(pair):
 def test_fixed_compiles_once_with_no_break_and_no_compile_verdict(pair):
     summary, result = pair["fixed"]
     dynamo = summary["extra"]["dynamo"]
-    assert dynamo["graphs"] == 1 and dynamo["graph_breaks"] == 0
+    assert dynamo["graphs"] == 1 and dynamo["graph_breaks"] == 0 and dynamo["recompiles"] == 0
     assert not dynamo["recompile_limit_hit"]
     assert summary["extra"]["dynamo_frames_compiled"]["timed_and_profiled"] == 0
     compiled = result["compiled"]
