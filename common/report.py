@@ -501,12 +501,7 @@ def memory_view_lines(comparison: dict) -> list[str]:
     """Each variant's memory lines as the analyzer prints them (allocated at the steps' ends and
     its growth, what was kept and by which operator, the peak and its parts, the operators that
     allocate most); [] where no variant's trace has memory events in its steps."""
-    lines = []
-    for variant in compare.VARIANTS:
-        memory = comparison[variant]["analysis"].get("memory")
-        if memory:
-            lines += [f"{variant}:", *(f"  {line}" for line in analyze.memory_lines(memory))]
-    return lines
+    return analyzer_view_lines(comparison, "memory", analyze.memory_lines)
 
 
 COMPILED_VIEW_NOTE = ("torch.compile's regions, from each trace (the analyzer's compiled line: "
@@ -517,11 +512,17 @@ def compiled_view_lines(comparison: dict) -> list[str]:
     """Each variant's compiled line as the analyzer prints it (regions by frame and compile id,
     graph breaks and the eager operators inside regions, compiling in the steps); [] where no
     variant's trace has a compiled region in its steps."""
+    return analyzer_view_lines(comparison, "compiled", analyze.compiled_lines)
+
+
+def analyzer_view_lines(comparison: dict, key: str, lines_of) -> list[str]:
+    """Each variant's `lines_of(its analysis[key])`, under the variant's name; [] where no
+    variant's analysis has `key`."""
     lines = []
     for variant in compare.VARIANTS:
-        compiled = comparison[variant]["analysis"].get("compiled")
-        if compiled:
-            lines += [f"{variant}:", *(f"  {line}" for line in analyze.compiled_lines(compiled))]
+        found = comparison[variant]["analysis"].get(key)
+        if found:
+            lines += [f"{variant}:", *(f"  {line}" for line in lines_of(found))]
     return lines
 
 

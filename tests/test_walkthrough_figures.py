@@ -260,32 +260,24 @@ def test_the_brief_examples(drawn):
     assert not drawn["dataloader_workers"].panels["fixed"].note  # 1.00x: nothing to say
 
 
-@pytest.mark.parametrize("demo", CPU_PAIRS)
-def test_cpu_pictures_exist_and_say_cpu(drawn, demo):
-    """The three pairs the H100 reference lacks are drawn from their CPU runs, and say so in the
-    figure's title: "CPU run", the CPU, torch, and what the pair needs."""
+CPU_WORDS = {"needs": "needs a CUDA GPU; not yet run on one",
+             "lesson": "its lesson shows on a CPU too; not yet run on a GPU"}
+
+
+@pytest.mark.parametrize("demo, says", [*((demo, "needs") for demo in CPU_PAIRS),
+                                        *((demo, "lesson") for demo in CPU_LESSON_PAIRS)])
+def test_cpu_pictures_exist_and_say_cpu(drawn, demo, says):
+    """The pairs the H100 reference lacks are drawn from their CPU runs, and say so in the
+    figure's title: "CPU run", the CPU, torch, and either what the pair needs or, where its
+    lesson shows on a CPU too, that no GPU has run it yet (and not that it needs one)."""
     if (REFERENCE / demo / "bad").is_dir():
         pytest.skip(f"{demo} has an H100 run now: its picture comes from it")
     data = drawn[demo]
     assert data.reference == CPU_REFERENCE
     summary = data.panels["bad"].run.summary
     assert f"CPU run, {summary['device_name']}, torch {summary['torch_version']}" in data.title
-    assert "needs a CUDA GPU; not yet run on one" in data.title
-    assert (ROOT / "demos" / demo / "trace.png").is_file()
-
-
-@pytest.mark.parametrize("demo", CPU_LESSON_PAIRS)
-def test_cpu_lesson_pictures_exist_and_say_the_lesson_shows_on_a_cpu(drawn, demo):
-    """The pairs whose lesson shows on a CPU too are drawn from their CPU runs and say so:
-    "CPU run", the CPU, torch, and that no GPU has run them yet (not that they need one)."""
-    if (REFERENCE / demo / "bad").is_dir():
-        pytest.skip(f"{demo} has an H100 run now: its picture comes from it")
-    data = drawn[demo]
-    assert data.reference == CPU_REFERENCE
-    summary = data.panels["bad"].run.summary
-    assert f"CPU run, {summary['device_name']}, torch {summary['torch_version']}" in data.title
-    assert "its lesson shows on a CPU too; not yet run on a GPU" in data.title
-    assert "needs a CUDA GPU" not in data.title
+    assert CPU_WORDS[says] in data.title
+    assert all(words not in data.title for key, words in CPU_WORDS.items() if key != says)
     assert (ROOT / "demos" / demo / "trace.png").is_file()
 
 
