@@ -48,6 +48,10 @@ LIBRARY_PACKAGES = frozenset({
     "transformers", "accelerate", "tokenizers", "datasets", "PIL", "typing_extensions",
     "_pytest", "pytest", "pluggy"})
 INSTALLED_MARKERS = ("site-packages/", "dist-packages/")
+# ...and code torch.compile generated: Inductor's Python modules in its cache folder (by default
+# <tmp>/torchinductor_<user>/, two-letter subfolders, "c" and a 51-letter hash), Triton's under
+# ~/.triton/. Not the user's lines, though nothing installed them.
+GENERATED_CODE = re.compile(r"/torchinductor_[^/]+/[a-z0-9]{2}/c[a-z0-9]{40,}\.py$|/\.triton/")
 # Looking for the user's files under the working directory: folders no user's file lies in
 # (installed packages, by the rule above; caches; JavaScript's packages) and hidden ones (.git,
 # .venv) are skipped, and the search gives up past this many folders, leaving the paths as
@@ -61,7 +65,8 @@ SOURCE_SEARCH_SKIPPED = frozenset({"__pycache__", "site-packages", "dist-package
 def is_user_file(path: str) -> bool:
     """Whether a frame's file is the user's code (not a library's, not the standard library's)."""
     path = path.replace("\\", "/")
-    if path.startswith("<frozen") or any(marker in path for marker in INSTALLED_MARKERS):
+    if (path.startswith("<frozen") or any(marker in path for marker in INSTALLED_MARKERS)
+            or GENERATED_CODE.search(path)):
         return False
     top = path.lstrip("./").split("/", 1)[0]
     top = top[:-3] if top.endswith(".py") else top

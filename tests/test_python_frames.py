@@ -334,6 +334,10 @@ def test_one_mask_a_step_is_not_a_round_trip(tmp_path):
     ("collections/__init__.py", False), ("enum.py", False), ("<frozen abc>", False),
     ("/usr/lib/python3/dist-packages/yaml/loader.py", False),
     ("/venv/lib/python3.11/site-packages/mylib/x.py", False),
+    # Inductor's generated module (a real name), and a user's file that only looks near it
+    ("/tmp/torchinductor_root/4a/c4aae4yk6njwk4s6ju4qfc5yrdodk54t5olmggixlw6dfdre2mbq.py", False),
+    ("/home/me/.triton/cache/kernel.py", False),
+    ("/home/me/torchinductor_notes/train.py", True),  # the marker is the cache folder's prefix
 ])
 def test_whose_file_is_it(path, user):
     assert frames.is_user_file(path) == user

@@ -82,10 +82,13 @@ def test_with_stack_records_the_script_s_own_frames(tmp_path, demo):
     # is there and is the user's; torch's frames are not.
     files = {label: label.split(":")[0] for label in times if ":" in label}
     ours = [label for label, path in files.items()
-            if path.endswith("bad.py") or "common/" in path]
+            if path.endswith("bad.py") or path.startswith("common/")]
     theirs = [label for label, path in files.items() if path.startswith("torch/")]
     assert ours and all(user_of[label] for label in ours), sorted(times)[:20]
     assert theirs and not any(user_of[label] for label in theirs)
+    # Code torch.compile generated (recompiles' graphs) is no line of the user's either.
+    generated = [label for label, path in files.items() if "/torchinductor_" in path]
+    assert not any(user_of[label] for label in generated)
 
 
 def test_cprofile_writes_the_timed_phase_and_a_rerun_removes_it(tmp_path):
