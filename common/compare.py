@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import analyze, trace
+from common import analyze, ladder, trace
 from common.trace_steps import BREAKDOWN_ROLES, TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")  # a demo's two runs
@@ -693,12 +693,16 @@ def what_changed_lines(changed: dict, labels: tuple[str, str] = VARIANTS) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(
         prog="python -m common.compare",
-        usage="%(prog)s [--json] DEMO_DIR\n       %(prog)s [--json] BEFORE AFTER",
+        usage="%(prog)s [--json] DEMO_DIR\n       %(prog)s [--json] BEFORE AFTER\n       "
+              "%(prog)s [--json] LADDER_DIR",
         description="Two runs side by side. DEMO_DIR: a demo's bad and fixed runs (throughput, "
                     "step time, data wait, profiler overhead, GPU utilization and idle by cause, "
                     "kernels, syncs, peak memory, the verdicts, what changed). BEFORE AFTER: any "
                     "two traces or run folders, yours or anyone's: the same from the traces, "
-                    "the parts of the step as per-step changes, and what still bounds the step.",
+                    "the parts of the step as per-step changes, and what still bounds the step. "
+                    "LADDER_DIR: the ladder's rungs (rung0_baseline/, rung1_workers/, ...): "
+                    "each rung's samples/s, its gain over the rung before and over rung 0, its "
+                    "verdicts, and whether its top verdict names the next rung's fix.",
         epilog="Exit code 2 when a path holds no readable trace, when DEMO_DIR/bad or "
                "DEMO_DIR/fixed lacks a summary or a trace, or when a demo's two runs ran on a "
                "different device, machine, preset or torch version.")
@@ -715,6 +719,10 @@ def main(argv: list[str] | None = None) -> int:
     flags = parser.parse_args(argv)
     if len(flags.paths) > 2:
         parser.error(f"one DEMO_DIR or two runs (BEFORE AFTER), not {len(flags.paths)} paths")
+    if len(flags.paths) == 1 and ladder.is_ladder(flags.paths[0]):  # rungs, not a pair
+        rows = ladder.ladder_rows(flags.paths[0])
+        return analyze.print_output(json.dumps({"ladder": rows}, indent=2) if flags.json
+                                    else ladder.format_waterfall(rows))
     try:
         comparison = (compare(flags.paths[0]) if len(flags.paths) == 1
                       else compare_runs(*flags.paths))

@@ -225,9 +225,11 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-          loader: Iterable, *, loss_fn: Callable = torch.nn.functional.cross_entropy) -> dict:
+          loader: Iterable, *, loss_fn: Callable = torch.nn.functional.cross_entropy,
+          autocast_dtype: torch.dtype | None = None) -> dict:
     """Train on batches from `loader` (a DataLoader, or a wrapper with its settings, such as
-    data.DevicePrefetcher), measure and profile it. Returns the summary."""
+    data.DevicePrefetcher), measure and profile it; with `autocast_dtype`, as train_on_device.
+    Returns the summary."""
     batches = forever(loader)
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,8 +238,9 @@ def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         # already on the device (a prefetcher put it there) is returned as it is.
         return inputs.to(run.device), targets.to(run.device)
 
-    run.config.update(describe_loader(loader))
-    return measure(run, training_step(run, model, optimizer, next_batch, loss_fn))
+    run.config.update(describe_loader(loader), autocast_dtype=autocast_name(run, autocast_dtype))
+    return measure(run, training_step(run, model, optimizer, next_batch, loss_fn,
+                                      autocast_dtype))
 
 
 def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -255,13 +258,18 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
     cycle = itertools.cycle(batches)
     if token_counts is not None:
         cycle = counting_tokens(run, cycle, itertools.cycle(token_counts))
-    dtype_name = None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch.")
     run.config.update(data="staged on the device", staged_batches=len(batches),
-                      autocast_dtype=dtype_name, **tf32_in_force())
-    if autocast_dtype == torch.bfloat16 and not run.is_cuda:
-        note_cpu_bf16(run)
+                      autocast_dtype=autocast_name(run, autocast_dtype), **tf32_in_force())
     return measure(run, training_step(run, model, optimizer, lambda: next(cycle), loss_fn,
                                       autocast_dtype, step_args))
+
+
+def autocast_name(run: Run, autocast_dtype: torch.dtype | None) -> str | None:
+    """The autocast dtype's name for run.config ("bfloat16"; None without autocast); BF16 on a
+    CPU adds the note of what this CPU can show of it."""
+    if autocast_dtype == torch.bfloat16 and not run.is_cuda:
+        note_cpu_bf16(run)
+    return None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch.")
 
 
 def counting_tokens(run: Run, batches: Iterator, counts: Iterator[tuple[int, int]]) -> Iterator:

@@ -15,15 +15,19 @@ SGD_WEIGHT_DECAY = 1e-4
 
 
 def resnet(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """ResNet-18 (or the depth in run.sizes["resnet_depth"]: 50 for ResNet-50), randomly
-    initialised (weights=None: nothing is downloaded), and SGD."""
-    depth = run.sizes.get("resnet_depth", 18)
-    build = getattr(torchvision.models, f"resnet{depth}")
-    model = build(weights=None, num_classes=run.sizes["num_classes"])
-    model = model.to(run.device)
+    """resnet_model(run) and SGD."""
+    model = resnet_model(run)
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM,
                                 weight_decay=SGD_WEIGHT_DECAY)
     return model, optimizer
+
+
+def resnet_model(run) -> torch.nn.Module:
+    """ResNet-18 (or the depth in run.sizes["resnet_depth"]: 50 for ResNet-50), randomly
+    initialised (weights=None: nothing is downloaded), on the run's device."""
+    depth = run.sizes.get("resnet_depth", 18)
+    build = getattr(torchvision.models, f"resnet{depth}")
+    return build(weights=None, num_classes=run.sizes["num_classes"]).to(run.device)
 
 
 ADAMW_LR = 3e-4  # the usual AdamW rate for transformers of this size (nanoGPT, GPT-2 recipes)

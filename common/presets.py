@@ -19,6 +19,10 @@ class Preset:
     recorded_steps: int | None = None
 
 
+# The ladder's first rungs train at this batch on every device: a first script's batch, before
+# rung 3 takes one that fills the device (the preset's).
+LADDER_FIRST_BATCH = 16  # samples per step
+
 # The preset a demo may add for a CPU without BF16 matrix units (mixed_precision only).
 CPU_WITHOUT_BF16_UNITS = "cpu_no_amx"
 
@@ -129,6 +133,22 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "smoke": Preset(batch_size=8, steps=3, warmup_steps=1,
                         sizes=dict(vocab=64, d_model=32, heads=2, blocks=1, max_len=128,
                                    median_len=16, num_classes=10)),
+    },
+    # The ladder: one training script made fast a fix a rung (demos/ladder/). Rungs 0-2 train
+    # at LADDER_FIRST_BATCH; rung 3 takes the preset's batch, one that fills the device.
+    "ladder": {
+        # dataloader_workers' GPU setting: ResNet-50 on 224 px crops of ~ImageNet-sized JPEGs,
+        # GPU bound at batch 256 with the workers of the H100 machine's 16 cores.
+        "cuda": Preset(batch_size=256, steps=40, warmup_steps=10,
+                       sizes=dict(source_px=256, crop_px=224, num_classes=1000,
+                                  distinct_images=64, resnet_depth=50)),
+        # dataloader_workers' CPU setting (64 px crops of 800 px photos, ResNet-18): a core
+        # prepares an image in about half the time another trains on it.
+        "cpu": Preset(batch_size=64, steps=12, warmup_steps=3,
+                      sizes=dict(source_px=800, crop_px=64, num_classes=100, distinct_images=64)),
+        # 32 a step from rung 3 (16 before): tiny images, so a smoke rung still takes seconds.
+        "smoke": Preset(batch_size=32, steps=2, warmup_steps=1,
+                        sizes=dict(source_px=64, crop_px=32, num_classes=10, distinct_images=4)),
     },
     "recompiles": {
         # Early-exit training over 16 residual blocks 1024 wide, batch 256: depths 5..16 are 12

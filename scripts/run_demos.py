@@ -1,5 +1,6 @@
 """Run the bad and the fixed script of each demo, then compare them and write the report
-(<out>/REPORT.md and a self-contained <out>/report.html, rebuilt from this run only).
+(<out>/REPORT.md and a self-contained <out>/report.html, rebuilt from this run only). The ladder
+runs its rungs in order (rung0_baseline.py, rung1_workers.py, ...) and prints its waterfall.
 
 Examples:
   ./scripts/run_demos.sh                          every demo, on the GPU if there is one
@@ -20,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import compare, report, trace
+from common import compare, ladder, report, trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
@@ -29,8 +30,21 @@ VARIANTS = compare.VARIANTS
 
 
 def available_demos() -> list[str]:
+    """The pairs (a bad.py and a fixed.py) and the ladders (rung scripts) under demos/."""
     return sorted(d.name for d in DEMOS_DIR.iterdir()
-                  if all((d / f"{variant}.py").is_file() for variant in VARIANTS))
+                  if all((d / f"{variant}.py").is_file() for variant in VARIANTS)
+                  or len(rungs_of(d.name)) >= 2)
+
+
+def rungs_of(demo: str) -> list[str]:
+    """A ladder's rung scripts (rung<K>_<fix>.py) by K; [] for a pair."""
+    found = [(int(match.group(1)), path.stem) for path in (DEMOS_DIR / demo).glob("rung*.py")
+             if (match := ladder.RUNG_FOLDER.match(path.stem))]
+    return [stem for _, stem in sorted(found)]
+
+
+def variants_of(demo: str) -> list[str]:
+    return rungs_of(demo) or list(VARIANTS)
 
 
 def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,27 +95,33 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     run_started = datetime.now(timezone.utc)  # the report shows no summary older than this
     started = time.perf_counter()
-    total = len(flags.demos) * len(VARIANTS)
-    for index, (demo, variant) in enumerate(
-            [(d, v) for d in flags.demos for v in VARIANTS], start=1):
+    runs = [(demo, variant) for demo in flags.demos for variant in variants_of(demo)]
+    total = len(runs)
+    for index, (demo, variant) in enumerate(runs, start=1):
         print(f"\n=== [{index}/{total}] {demo}/{variant} ({time.perf_counter() - started:.0f} s elapsed)",
               flush=True)
         if not run_variant(demo, variant, flags):
             failed.append(f"{demo}/{variant}")
     failed_demos = {name.split("/")[0] for name in failed}
-    # The report's sections hold each pair's comparison: print those, so no trace is read twice.
-    sections = report.build_sections(flags.out, flags.demos, failed=failed_demos,
-                                     since=run_started)
+    pairs = [demo for demo in flags.demos if not rungs_of(demo)]
+    ladders = [demo for demo in flags.demos if rungs_of(demo)]
+    # The report's sections hold each pair's comparison and each ladder's waterfall: print those,
+    # so no trace is read twice.
+    sections = report.build_sections(flags.out, pairs, failed=failed_demos,
+                                     since=run_started, ladders=ladders)
     print("\n=== comparison")
     for section in sections:
+        is_ladder = section.kind == report.LADDER
+        what = "waterfall" if is_ladder else "comparison"
         if section.status == "ok":
-            print("\n" + compare.format_text(section.comparison))
+            print("\n" + (ladder.format_waterfall(section.ladder_rows) if is_ladder
+                          else compare.format_text(section.comparison)))
         elif section.demo in failed_demos:
-            print(f"\n{section.demo}: no comparison (a run failed)")
+            print(f"\n{section.demo}: no {what} (a run failed)")
         else:
-            print(f"\n{section.demo}: no comparison ({section.reason})")
-            failed.append(f"{section.demo} (comparison)")
-    markdown, page = report.write_report(flags.out, flags.demos, sections=sections)
+            print(f"\n{section.demo}: no {what} ({section.reason})")
+            failed.append(f"{section.demo} ({what})")
+    markdown, page = report.write_report(flags.out, pairs, sections=sections)
     print(f"\nreport: {markdown} and {page} (opens offline)")
     print(f"traces and summaries under {flags.out} ({time.perf_counter() - started:.0f} s); "
           f"open them with ./scripts/tensorboard.sh or tensorboard --logdir {flags.out}")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import analyze, compare, presets, runs, trace, verdicts
+from common import analyze, compare, ladder, presets, runs, trace, verdicts
 from tests.conftest import ROOT
 
 # Both scripts of a pair at smoke sizes take seconds; launch_overhead's fixed.py compiles
@@ -80,6 +80,26 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
         check_memory(demo, variant, run_dir, summary, analysis)
     if demo == "item_sync":
         check_snapshot_flag(tmp_path)
+
+
+def test_ladder_runs_every_rung_on_the_gpu(tmp_path):
+    """Every rung of the ladder at smoke sizes through run_demos.py: each runs on the GPU, its
+    trace holds kernels, and the waterfall reads them all."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_demos.py"), "ladder", "--smoke",
+         "--device", "cuda", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = ladder.ladder_rows(tmp_path / "ladder")
+    assert [row["fix"] for row in rows[1:]] == list(ladder.FIX_DEMO)
+    for row in rows:
+        assert row["device"] == "cuda", row["rung"]
+        analysis = analyze.analyze_trace(tmp_path / "ladder" / row["rung"])
+        assert analysis["gpu"]["kernels_per_step"] > 0, row["rung"]
+        assert analysis["gpu"]["idle_by_cause_pct"]["unrecorded"] == 0.0, row["rung"]
+        assert row["chain"] is None or row["chain"]["status"] != "skipped"  # nothing on a GPU
 
 
 # Flat: growth under the memory_growth verdict's bound, a share of the steps' peak a step.

@@ -317,13 +317,18 @@ def test_tensorboard_compat_without_orjson_writes_the_same_trace(tmp_path):
 
 
 def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
-    """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair."""
+    """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair
+    and the ladder."""
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
                              "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
                             timeout=SCRIPT_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "PytestUnknownMarkWarning" not in result.stdout + result.stderr
     collected = {line for line in result.stdout.splitlines() if "::" in line}
-    demos = load_run_demos().available_demos()
-    assert demos and collected == {f"tests/test_cuda.py::test_pair_runs_on_the_gpu[{demo}]"
-                                   for demo in demos}
+    run_demos = load_run_demos()
+    demos = run_demos.available_demos()
+    pairs = [demo for demo in demos if not run_demos.rungs_of(demo)]
+    expected = {f"tests/test_cuda.py::test_pair_runs_on_the_gpu[{demo}]" for demo in pairs}
+    if len(pairs) < len(demos):  # the ladder: one test runs every rung
+        expected.add("tests/test_cuda.py::test_ladder_runs_every_rung_on_the_gpu")
+    assert pairs and collected == expected

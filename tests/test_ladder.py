@@ -1,0 +1,125 @@
+"""The optimization ladder (demos/ladder/, common/ladder.py): each rung is the one before plus one
+fix with its why-comment; run_demos.sh runs the rungs and compare prints the waterfall; the
+chain (does the top verdict on a rung name the next rung's fix?) on the committed CPU runs."""
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+
+import pytest
+
+from common import compare, ladder, trace
+from tests.conftest import ROOT
+from tests.test_scripts import load_run_demos
+
+run_demos = load_run_demos()
+LADDER = ROOT / "demos" / "ladder"
+CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu" / "ladder"
+# A fix is a few lines: rung 1's DataLoader arguments (3 and a comment) is the longest.
+FIX_MAX_CHANGED_LINES = 5
+
+
+def code_lines(path) -> list[str]:
+    """The script's lines after its docstring, with the rung's own name blanked."""
+    text = path.read_text()
+    docstring_ends = ast.parse(text).body[0].end_lineno
+    return [line.replace(path.stem, "<rung>") for line in text.splitlines()[docstring_ends:]]
+
+
+def test_the_rungs_are_the_fixes_the_ladder_knows_in_order():
+    rungs = run_demos.rungs_of("ladder")
+    assert rungs[0] == "rung0_baseline"
+    assert [int(name[4]) for name in rungs] == list(range(len(rungs)))
+    assert [name.split("_", 1)[1] for name in rungs[1:]] == list(ladder.FIX_DEMO)
+
+
+@pytest.mark.parametrize("before, after", list(zip(run_demos.rungs_of("ladder"),
+                                                   run_demos.rungs_of("ladder")[1:])))
+def test_each_rung_is_the_one_before_plus_one_fix_with_its_why(before, after):
+    old, new = code_lines(LADDER / f"{before}.py"), code_lines(LADDER / f"{after}.py")
+    changed = [line for line in difflib.unified_diff(old, new, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert 0 < len([line for line in changed if line.startswith("+")]) <= FIX_MAX_CHANGED_LINES
+    assert len([line for line in changed if line.startswith("-")]) <= FIX_MAX_CHANGED_LINES
+    assert any("#" in line for line in changed if line.startswith("+")), changed  # the why
+
+
+def rung_run(folder, name: str, device: str, samples_per_s: float, findings: list[dict]):
+    """A rung's run folder as the harness writes it, with the findings the analyzer would give
+    (ladder_rows reads both)."""
+    run = folder / name
+    run.mkdir(parents=True)
+    (run / trace.SUMMARY_FILE).write_text(json.dumps(
+        {"device": device, "batch_size": 16, "samples_per_s": samples_per_s}))
+    return run, findings
+
+
+def test_waterfall_and_chain_from_rows(tmp_path, monkeypatch):
+    """Gains against the rung before and rung 0, and each link of the chain: a top verdict that
+    names the next fix holds, one that names another breaks, a fix no rule reads on a CPU is
+    skipped with its reason; initialization is no bottleneck to fix."""
+    found = dict([
+        rung_run(tmp_path, "rung0_baseline", "cpu", 50.0,
+                 [{"id": "dataloader", "demo": "dataloader_workers"}]),
+        rung_run(tmp_path, "rung1_workers", "cpu", 75.0, []),
+        rung_run(tmp_path, "rung2_bf16", "cpu", 75.0,
+                 [{"id": "initialization", "demo": None},
+                  {"id": "python_between_ops", "demo": "host_roundtrip"}]),
+        rung_run(tmp_path, "rung3_batch", "cpu", 150.0, []),
+    ])
+    monkeypatch.setattr(ladder.analyze, "analyze_trace",
+                        lambda path: {"findings": found[path]})
+    rows = ladder.ladder_rows(tmp_path)
+    assert [row["k"] for row in rows] == [0, 1, 2, 3]
+    assert [row["vs_previous"] for row in rows] == [None, 1.5, 1.0, 2.0]
+    assert [row["vs_first"] for row in rows] == [None, 1.5, 1.5, 3.0]
+    assert rows[0]["chain"]["status"] == "holds"
+    assert rows[1]["chain"] == {"status": "skipped", "next_fix": "bf16",
+                                "why": ladder.CPU_SILENT_FIXES["bf16"]}
+    assert rows[2]["top"] == {"id": "python_between_ops", "demo": "host_roundtrip"}
+    assert rows[2]["chain"]["status"] == "skipped"  # batch: no CPU rule reads it
+    assert rows[3]["chain"] is None
+    text = ladder.format_waterfall(rows)
+    assert "1.50x more samples/s" in text and "3.00x more samples/s" in text
+    assert "the same samples/s" in text
+    # On a GPU nothing is skipped: rung 1's silence breaks the chain there.
+    (tmp_path / "rung1_workers" / trace.SUMMARY_FILE).write_text(json.dumps(
+        {"device": "cuda", "batch_size": 16, "samples_per_s": 75.0}))
+    link = ladder.ladder_rows(tmp_path)[1]["chain"]
+    assert link == {"status": "breaks", "next_fix": "bf16", "wanted": "mixed_precision",
+                    "named": None}
+
+
+def test_compare_prints_the_waterfall_of_a_ladder_folder(demos_smoke, capsys):
+    assert {f"ladder/{rung}" for rung in run_demos.rungs_of("ladder")} <= demos_smoke.ran
+    assert compare.main([str(demos_smoke.out / "ladder")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("ladder: 6 rungs on cpu")
+    for rung in run_demos.rungs_of("ladder"):
+        assert rung in text
+    assert compare.main(["--json", str(demos_smoke.out / "ladder")]) == 0
+    rows = json.loads(capsys.readouterr().out)["ladder"]
+    summaries = [json.loads((demos_smoke.out / "ladder" / row["rung"] / trace.SUMMARY_FILE)
+                            .read_text()) for row in rows]
+    for row, summary, first in zip(rows[1:], summaries[1:], [summaries[0]] * len(rows)):
+        assert row["vs_first"] == pytest.approx(summary["samples_per_s"]
+                                                / first["samples_per_s"], rel=1e-12)
+
+
+@pytest.mark.skipif(not CPU_REFERENCE.is_dir(), reason="no committed CPU run of the ladder")
+def test_the_chain_on_the_committed_cpu_run():
+    """rung 0 waits on its DataLoader and the analyzer says so first; BF16 and the batch are
+    skipped on a CPU, with the reason; the last rung has no actionable verdict left. Rungs 3 and
+    4 are pinned as measured: compile and the fused optimizer gained 7 % and 9 % there, under
+    every rule's threshold, and no verdict names them (the walkthrough says so)."""
+    rows = ladder.ladder_rows(CPU_REFERENCE)
+    assert [row["fix"] for row in rows[1:]] == list(ladder.FIX_DEMO)
+    assert rows[0]["top"] == {"id": "dataloader", "demo": "dataloader_workers"}
+    assert rows[0]["chain"]["status"] == "holds"
+    assert [rows[k]["chain"]["status"] for k in (1, 2)] == ["skipped", "skipped"]
+    assert [rows[k]["chain"] for k in (3, 4)] == [
+        {"status": "breaks", "next_fix": fix, "wanted": ladder.FIX_DEMO[fix], "named": None}
+        for fix in ("compile", "fused_optimizer")]
+    assert rows[-1]["top"] is None
+    assert all(row["vs_previous"] > 1 for row in rows[1:])  # every rung faster than the last
