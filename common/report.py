@@ -4,8 +4,10 @@
 
 For each pair: the comparison table (common.compare), the verdicts, a per-step time breakdown,
 a timeline of each variant (GPU busy, or the CPU's step regions on a CPU-only trace) and, where
-memory is the point, memory over time. The HTML inlines its plots as PNG data URIs and needs no
-network (the TensorBoard plugin's charts load from the internet). The PNGs are also written to
+memory is the point, memory over time. For each ladder (rung runs, common/ladder.py): its
+waterfall as compare prints it, and as a chart (waterfall_figure, which the ladder's walkthrough
+shows too). The HTML inlines its plots as PNG data URIs and needs no network (the TensorBoard
+plugin's charts load from the internet). The PNGs are also written to
 OUT/report_files/ for REPORT.md. Imports no torch.
 
 ./scripts/run_demos.sh rewrites both files at the end of every run, from that run only: a pair
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from common import analyze, compare, intervals, trace, trace_steps  # noqa: E402
+from common import analyze, compare, intervals, ladder, trace, trace_steps  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +64,9 @@ WHAT_CHANGED_NOTE = ("operators by self time, kernels by total time, the largest
 TIMELINE_ROWS = ("data", DATALOADER_REGION, "forward", "backward", "optimizer")
 
 
+PAIR, LADDER = "pair", "ladder"  # a section's kind: a bad and a fixed run, or a ladder's rungs
+
+
 @dataclass
 class Section:
     demo: str
@@ -68,6 +74,8 @@ class Section:
     reason: str = ""
     comparison: dict | None = None
     figures: list[tuple[str, Path]] = field(default_factory=list)  # (caption, png)
+    kind: str = PAIR
+    ladder_rows: list[dict] | None = None  # a ladder's ladder.ladder_rows (kind LADDER, "ok")
 
 
 # --- Plots. ---------------------------------------------------------------------------------------
@@ -282,6 +290,89 @@ def memory_view_figure(analyses: dict[str, analyze.Analysis], title: str):
     return fig
 
 
+# --- The ladder's waterfall: samples/s per rung. -----------------------------------------------
+
+WATERFALL_BEFORE_COLOR = "#b0bec5"  # what a rung kept of the rung before's: pale, the past
+WATERFALL_GAIN_COLOR = VARIANT_COLORS["fixed"]  # what a rung's fix added: green, as a fix
+WATERFALL_LOSS_COLOR = VARIANT_COLORS["bad"]  # what a rung lost against the one before: red
+WATERFALL_ROW_IN = 0.62  # inches a rung: its bar, and its two lines of 8 pt words beside it
+WATERFALL_EXTRA_IN = 1.5  # inches for the title, the axis and its label, the legend
+# The x axis runs past the fastest rung by this share of its samples/s: room for the words beside
+# its bar (two lines of about 65 characters at 8 pt), which stand right of each bar.
+WATERFALL_WORDS_ROOM = 1.0
+WATERFALL_WORDS_PAD = 0.01  # the words' gap from their bar's end, as a share of the x axis
+
+
+def verdict_words(top: dict | None) -> str:
+    """A rung's top verdict, and the pair that teaches its fix: "dataloader (see
+    demos/dataloader_workers/)"; "none" where no actionable rule fired."""
+    if top is None:
+        return "none"
+    return top["id"] + (f" (see demos/{top['demo']}/)" if top["demo"] else "")
+
+
+def waterfall_bars(rows: list[dict]) -> list[dict]:
+    """What the waterfall chart draws, a bar per rung of ladder.ladder_rows: its label (rung and
+    batch), its samples/s (where the bar ends), the rung before's (where its change starts; None
+    on rung 0), and its words: samples/s as ladder.format_waterfall prints it, the gain over
+    rung 0 and over the rung before in ladder.ratio_words, and the top verdict."""
+    bars = []
+    for row in rows:
+        before = bars[-1]["samples_per_s"] if bars else None
+        speed = f"{row['samples_per_s']:.1f} samples/s"
+        verdict = f"top verdict: {verdict_words(row['top'])}"
+        if before is None:
+            words = (f"{speed}, the baseline", verdict)
+        else:
+            words = (f"{speed}; vs rung 0: {ladder.ratio_words(row['vs_first'])}",
+                     f"vs the rung before: {ladder.ratio_words(row['vs_previous'])}; {verdict}")
+        bars.append({"label": f"{row['rung']}\n(batch {row['batch_size']})",
+                     "samples_per_s": row["samples_per_s"], "before": before,
+                     "words": "\n".join(words)})
+    return bars
+
+
+def waterfall_figure(rows: list[dict], title: str):
+    """The ladder's waterfall (waterfall_bars): a bar of samples/s per rung, rung 0 on top, each
+    after the first split at the rung before's samples/s (pale: what it kept of them; green:
+    what this rung's fix added; hatched red: what it lost), with its gains and its top verdict
+    in words beside it; the dashed line is rung 0's samples/s."""
+    bars = waterfall_bars(rows)
+    fig, ax = plt.subplots(figsize=(11, WATERFALL_EXTRA_IN + WATERFALL_ROW_IN * len(bars)))
+    fastest = max((max(b["samples_per_s"], b["before"] or 0.0) for b in bars), default=1.0)
+    right = fastest * (1 + WATERFALL_WORDS_ROOM)
+    kept = "samples/s kept from the rung before"
+    legend = {}
+    for y, bar in enumerate(bars):
+        now, before = bar["samples_per_s"], bar["before"]
+        if before is None:  # rung 0: nothing before it to split at (its label says which it is)
+            ax.barh(y, now, color=WATERFALL_BEFORE_COLOR)
+        elif now >= before:
+            legend[kept] = ax.barh(y, before, color=WATERFALL_BEFORE_COLOR)
+            legend["gained by this rung's fix"] = ax.barh(y, now - before, left=before,
+                                                          color=WATERFALL_GAIN_COLOR)
+        else:
+            legend[kept] = ax.barh(y, now, color=WATERFALL_BEFORE_COLOR)
+            legend["lost by this rung"] = ax.barh(y, before - now, left=now, fill=False, lw=0.8,
+                                                  hatch="///", edgecolor=WATERFALL_LOSS_COLOR)
+        if y + 1 < len(bars):  # the step down to the next rung, where its change starts
+            ax.plot([now, now], [y + 0.4, y + 0.6], color="#616161", lw=0.8)
+        ax.text(max(now, before or 0.0) + WATERFALL_WORDS_PAD * right, y, bar["words"],
+                va="center", ha="left", fontsize=8)
+    if bars:
+        ax.axvline(bars[0]["samples_per_s"], color="#616161", lw=0.8, ls="--", zorder=0)
+    ax.set_yticks(range(len(bars)), [bar["label"] for bar in bars], fontsize=8)
+    ax.set_ylim(len(bars) - 0.5, -0.5)  # rung 0 on top
+    ax.set_xlim(0, right)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel("samples/s (each rung's timed steps, its summary.json; dashed: rung 0's)",
+                  fontsize=8)
+    # Top right: the first rungs are the slowest as a rule, their bars and words end soonest.
+    ax.legend(list(legend.values()), list(legend), fontsize=8, loc="upper right")
+    ax.set_title(title, fontsize=10, loc="left")
+    return fig
+
+
 def format_mb(value: float) -> str:
     """Three significant figures at most, never an exponent (smoke runs allocate under 1 MB)."""
     return f"{value:.0f} MB" if value >= 100 else f"{value:.{1 if value >= 10 else 2}f} MB"
@@ -321,6 +412,22 @@ def created(summary: dict) -> datetime | None:
         return None
 
 
+def stale_reason(run: str, summary: dict, since: datetime | None) -> str:
+    """Why the summary of run folder `run` cannot be shown as this run's (one written before
+    `since`, or with no readable created_utc); "" where it can, or with no `since`."""
+    if since is None:
+        return ""
+    run_started = as_utc(since).replace(microsecond=0)  # created_utc is whole seconds
+    when = created(summary)
+    if when is None:
+        written = ("has no created_utc" if summary.get("created_utc") is None else
+                   f"has created_utc {summary['created_utc']!r}, not an ISO 8601 time")
+        return f"{run}/summary.json {written}: it cannot be shown to come from this run"
+    if when < run_started:
+        return f"{run}/summary.json is from {when}, before this run"
+    return ""
+
+
 def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = False,
                   since: datetime | None = None) -> Section:
     if failed:
@@ -330,19 +437,10 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
         comparison = compare.compare(out_root / demo, keep_detail=True)
     except compare.CompareError as error:
         return Section(demo, "missing", str(error))
-    if since is not None:
-        run_started = as_utc(since).replace(microsecond=0)  # created_utc is whole seconds
-        for variant in compare.VARIANTS:
-            summary = comparison[variant]["summary"]
-            when = created(summary)
-            if when is None:
-                written = ("has no created_utc" if summary.get("created_utc") is None else
-                           f"has created_utc {summary['created_utc']!r}, not an ISO 8601 time")
-                return Section(demo, "stale", f"{variant}/summary.json {written}: it cannot be "
-                                              f"shown to come from this run")
-            if when < run_started:
-                return Section(demo, "stale", f"{variant}/summary.json is from {when}, before "
-                                              f"this run")
+    for variant in compare.VARIANTS:
+        stale = stale_reason(variant, comparison[variant]["summary"], since)
+        if stale:
+            return Section(demo, "stale", stale)
     analyses = {v: comparison[v].pop("detail") for v in compare.VARIANTS}
     section = Section(demo, "ok", comparison=comparison)
     section.figures.append((
@@ -378,9 +476,52 @@ def build_section(out_root: Path, demo: str, figures_dir: Path, failed: bool = F
     return section
 
 
+WATERFALL_CAPTION = ("The waterfall: samples/s at each rung (each rung's timed steps), its gain "
+                     "over the rung before and over rung 0, and its top verdict")
+
+
+def build_ladder_section(out_root: Path, name: str, figures_dir: Path, failed: bool = False,
+                         since: datetime | None = None) -> Section:
+    """A ladder's section: its rows (ladder.ladder_rows, every rung's trace analysed once) and
+    the waterfall chart; or, as a pair's, why there are no numbers (a rung failed in this run,
+    no ladder in the folder, a rung's summary older than `since`)."""
+    if failed:
+        return Section(name, "failed", "a rung of this ladder failed in this run (see the log "
+                                       "above the report); no numbers are shown", kind=LADDER)
+    folder = out_root / name
+    rungs = ladder.rung_folders(folder)
+    if len(rungs) < 2:
+        return Section(name, "missing", f"{folder}: no ladder (two rung runs or more, "
+                                        f"rung<K>_<fix>/ each with a {trace.SUMMARY_FILE})",
+                       kind=LADDER)
+    for _, _, path in rungs:
+        stale = stale_reason(path.name, json.loads((path / trace.SUMMARY_FILE).read_text()),
+                             since)
+        if stale:
+            return Section(name, "stale", stale, kind=LADDER)
+    try:
+        rows = ladder.ladder_rows(folder)
+    except trace.TraceError as error:
+        return Section(name, "missing", str(error), kind=LADDER)
+    section = Section(name, "ok", kind=LADDER, ladder_rows=rows)
+    title = (f"{name}: samples/s at each rung, each rung one fix after the one before "
+             f"({rows[0]['device']})")
+    section.figures.append((WATERFALL_CAPTION, save(waterfall_figure(rows, title),
+                                                    figures_dir / f"{name}_waterfall.png")))
+    return section
+
+
 def leftover_pairs(out_root: Path, reported: list[str]) -> list[str]:
     """Pair folders under out_root that this report does not cover (earlier runs)."""
     return [demo for demo in compare.finished_pairs(out_root) if demo not in reported]
+
+
+def leftover_ladders(out_root: Path, reported: list[str]) -> list[str]:
+    """Ladder folders (rung runs) under out_root that this report does not cover."""
+    if not Path(out_root).is_dir():
+        return []
+    return sorted(path.name for path in Path(out_root).iterdir()
+                  if path.name not in reported and ladder.is_ladder(path))
 
 
 def demo_readme(demo: str, out_root: Path) -> str | None:
@@ -427,6 +568,8 @@ def summary_rows(sections: list[Section]) -> list[tuple[str, str, str, str]]:
     without numbers says why."""
     rows = []
     for section in sections:
+        if section.kind != PAIR:  # a ladder: ladder_summaries
+            continue
         if section.status != "ok":
             rows.append((section.demo, f"no comparison ({section.status})", "", ""))
             continue
@@ -434,6 +577,28 @@ def summary_rows(sections: list[Section]) -> list[tuple[str, str, str, str]]:
         verdicts = [analyze.verdict_ids(c[v]["analysis"]) for v in compare.VARIANTS]
         rows.append((section.demo, compare.headline(c) or "n/a", *verdicts))
     return rows
+
+
+def ladder_summaries(sections: list[Section]) -> list[tuple[str, str]]:
+    """One (name, the result in words) a ladder: its last rung against rung 0, as the
+    waterfall says it; a ladder without numbers says why."""
+    found = []
+    for section in sections:
+        if section.kind != LADDER:
+            continue
+        if section.status != "ok":
+            found.append((section.demo, f"no waterfall ({section.status})"))
+            continue
+        first, last = section.ladder_rows[0], section.ladder_rows[-1]
+        found.append((section.demo, f"{last['rung']} vs {first['rung']}: "
+                                    f"{ladder.ratio_words(last['vs_first'])}"))
+    return found
+
+
+LADDER_INTRO = ("One training script in rungs, each one fix after the rung before: each rung's "
+                "samples/s (its timed steps), its gain over the rung before and over rung 0, its "
+                "verdicts, and whether its top verdict names the next rung's fix (the chain), as "
+                "`python -m common.compare` prints them for the ladder's folder")
 
 
 def split_rows(comparison: dict) -> tuple[list[tuple], list[tuple]]:
@@ -455,9 +620,16 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
               "|---|---|---|---|"]
     lines += [f"| [{demo}](#{demo}) | {result} | {bad} | {fixed} |"
               for demo, result, bad, fixed in summary_rows(sections)]
+    ladders = ladder_summaries(sections)
+    if ladders:
+        lines += ["", "Ladders: " + "; ".join(f"[{name}](#{name}): {result}"
+                                              for name, result in ladders) + "."]
     lines += ["", TERMS]
     for section in sections:
         lines += ["", f"## {section.demo}", ""]
+        if section.kind == LADDER:
+            lines += ladder_markdown(section, out_root)
+            continue
         if section.status != "ok":
             lines.append(f"**No comparison ({section.status}):** {section.reason}")
             continue
@@ -491,6 +663,20 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
         for caption, png in section.figures:
             lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
     return "\n".join(lines) + "\n"
+
+
+def ladder_markdown(section: Section, out_root: Path) -> list[str]:
+    """A ladder's section below its heading: what it is, the waterfall as compare prints it, and
+    the chart; or why there are no numbers."""
+    if section.status != "ok":
+        return [f"**No waterfall ({section.status}):** {section.reason}"]
+    readme = demo_readme(section.demo, out_root)
+    lines = [LADDER_INTRO + (f". Walkthrough: [{section.demo}/README.md]({readme})" if readme
+                             else "") + ".",
+             "", "```text", ladder.format_waterfall(section.ladder_rows), "```"]
+    for caption, png in section.figures:
+        lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
+    return lines
 
 
 MEMORY_VIEW_NOTE = ("The memory view, from each trace's memory events (the analyzer's memory "
@@ -579,9 +765,17 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
               f"<td>{e(bad)}</td><td>{e(fixed)}</td></tr>"
               for demo, result, bad, fixed in summary_rows(sections)]
     parts.append("</table>")
+    ladders = ladder_summaries(sections)
+    if ladders:
+        parts.append("<p>Ladders: " + "; ".join(f"<a href=\"#{e(name)}\">{e(name)}</a>: "
+                                                f"{e(result)}" for name, result in ladders)
+                     + ".</p>")
     parts.append(f"<p>{e(TERMS).replace('**', '').replace('*', '').replace('`', '')}</p>")
     for section in sections:
         parts.append(f"<h2 id=\"{e(section.demo)}\">{e(section.demo)}</h2>")
+        if section.kind == LADDER:
+            parts += ladder_html(section, out_root)
+            continue
         if section.status != "ok":
             parts.append(f"<p class=\"failed\"><b>No comparison ({e(section.status)}):</b> "
                          f"{e(section.reason)}</p>")
@@ -627,31 +821,55 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
     return "\n".join(parts) + "\n"
 
 
+def ladder_html(section: Section, out_root: Path) -> list[str]:
+    """ladder_markdown, as HTML (the chart inline)."""
+    e = html.escape
+    if section.status != "ok":
+        return [f"<p class=\"failed\"><b>No waterfall ({e(section.status)}):</b> "
+                f"{e(section.reason)}</p>"]
+    readme = demo_readme(section.demo, out_root)
+    parts = [f"<p>{e(LADDER_INTRO.replace('`', ''))}"
+             + (f". Walkthrough: <a href=\"{e(readme)}\">{e(section.demo)}/README.md</a>"
+                if readme else "") + ".</p>",
+             f"<pre>{e(ladder.format_waterfall(section.ladder_rows))}</pre>"]
+    parts += [f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
+              f"<figcaption>{e(caption)}</figcaption></figure>" for caption, png in section.figures]
+    return parts
+
+
 def build_sections(out_root: Path, demos: list[str], failed: set[str] = frozenset(),
-                   since: datetime | None = None) -> list[Section]:
-    """One section per demo: its comparison (each trace analysed once) and plots. `failed`: pairs
-    whose run failed now (shown as failed, no numbers). `since`: when the run started; a summary
+                   since: datetime | None = None, ladders: list[str] = ()) -> list[Section]:
+    """One section per demo: its comparison (each trace analysed once) and plots; then one per
+    ladder in `ladders`: its waterfall (build_ladder_section). `failed`: pairs and ladders whose
+    run failed now (shown as failed, no numbers). `since`: when the run started; a summary
     older than that is stale and not shown."""
     figures_dir = Path(out_root) / FIGURES_DIR
     if figures_dir.is_dir():  # plots of an earlier run must not outlive it
         for old in figures_dir.glob("*.png"):
             old.unlink()
-    return [build_section(Path(out_root), demo, figures_dir, demo in failed, since)
-            for demo in demos]
+    return ([build_section(Path(out_root), demo, figures_dir, demo in failed, since)
+             for demo in demos]
+            + [build_ladder_section(Path(out_root), name, figures_dir, name in failed, since)
+               for name in ladders])
 
 
 def write_report(out_root: Path, demos: list[str] | None = None, failed: set[str] = frozenset(),
-                 since: datetime | None = None,
-                 sections: list[Section] | None = None) -> tuple[Path, Path]:
-    """Write OUT/REPORT.md and OUT/report.html for `demos` (default: every pair folder with both
-    summaries), from `sections` when the caller built them already (build_sections)."""
+                 since: datetime | None = None, sections: list[Section] | None = None,
+                 ladders: list[str] | None = None) -> tuple[Path, Path]:
+    """Write OUT/REPORT.md and OUT/report.html for `demos` and `ladders` (default, with neither
+    given: every pair folder with both summaries, and every ladder folder), from `sections` when
+    the caller built them already (build_sections). A pair or ladder folder the report does not
+    cover is named as left over from an earlier run."""
     out_root = Path(out_root)
+    if demos is None and ladders is None:
+        ladders = leftover_ladders(out_root, [])
     if demos is None:
         demos = leftover_pairs(out_root, [])
     if sections is None:
-        sections = build_sections(out_root, demos, failed, since)
+        sections = build_sections(out_root, demos, failed, since, ladders or [])
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    leftovers = leftover_pairs(out_root, list(demos))
+    leftovers = (leftover_pairs(out_root, list(demos))
+                 + leftover_ladders(out_root, [section.demo for section in sections]))
     out_root.mkdir(parents=True, exist_ok=True)
     markdown = out_root / REPORT_MD
     page = out_root / REPORT_HTML
@@ -669,13 +887,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", metavar="OUT", type=Path, nargs="?",
                         default=REPO_ROOT / "traces", help="output root (default: traces/)")
     parser.add_argument("demos", metavar="DEMO", nargs="*",
-                        help="pairs to report (default: every folder with bad/ and fixed/ "
-                             "summaries)")
+                        help="pairs and ladders to report (default: every folder with bad/ and "
+                             "fixed/ summaries, and every folder of ladder rungs)")
     flags = parser.parse_args(argv)
     if not flags.out.is_dir():
         print(f"report: {flags.out}: no such directory", file=sys.stderr)
         return 2
-    markdown, page = write_report(flags.out, flags.demos or None)
+    ladders = [name for name in flags.demos if ladder.is_ladder(flags.out / name)]
+    pairs = [name for name in flags.demos if name not in ladders]
+    markdown, page = (write_report(flags.out, pairs, ladders=ladders) if flags.demos
+                      else write_report(flags.out))
     return analyze.print_output(f"wrote {markdown} and {page}")
 
 

@@ -13,6 +13,10 @@ graphs' calls and the operators run eagerly inside regions (common/compiled.py's
 dashed lines are step boundaries.
 Where memory is the lesson, a third panel draws memory allocated over the same window, from the
 trace's [memory] events.
+The optimization ladder (demos/ladder/, its rungs' runs in <reference>/ladder/rung<K>_<fix>/) is
+drawn the same way, its first rung in bad's place and its last (every fix) in fixed's; and beside
+it demos/ladder/waterfall.png, a bar of samples/s per rung (common/report.py's waterfall_figure,
+which the report draws too).
 
 Every number in a title is one that `python -m common.compare` or `python -m common.analyze`
 prints for the run, as they print it (one decimal for a percentage): the step p50, throughput,
@@ -24,6 +28,7 @@ Imports no torch.
 Examples:
   .venv/bin/python scripts/walkthrough_figures.py                  every demo, into demos/
   .venv/bin/python scripts/walkthrough_figures.py item_sync --out-root /tmp/figures
+  .venv/bin/python scripts/walkthrough_figures.py ladder          trace.png and waterfall.png
 """
 from __future__ import annotations
 
@@ -43,8 +48,8 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import (analyze, compare, compiled, intervals, report, syncs, trace,  # noqa: E402
-                    trace_steps)
+from common import (analyze, compare, compiled, intervals, ladder, report, syncs,  # noqa: E402
+                    trace, trace_steps)
 from common.idle_causes import names_where  # noqa: E402
 from common.intervals import Spans  # noqa: E402
 from common.kernel_names import ATTENTION_PATTERN, uses_tensor_cores  # noqa: E402
@@ -53,14 +58,19 @@ from common.trace_columns import DATALOADER_REGION  # noqa: E402
 DEMOS = ("dataloader_workers", "small_batch", "mixed_precision", "activation_checkpointing",
          "launch_overhead", "item_sync", "naive_attention", "unfused_optimizer", "padding_waste",
          "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound", "memory_leak",
-         "recompiles")
+         "recompiles", "ladder")
+# Demos whose runs are a ladder's rungs (common/ladder.py), not a bad and a fixed run.
+LADDERS = ("ladder",)
 REFERENCE_ROOT = ROOT / "traces" / "reference"
 # Where a pair's picture is drawn from, the first folder that has both its runs: the H100 run,
 # else a CPU run (for the pairs the H100 reference does not have yet).
 DEFAULT_REFERENCES = (REFERENCE_ROOT / "h100", REFERENCE_ROOT / "cpu")
 DEFAULT_OUT_ROOT = ROOT / "demos"
 FIGURE_NAME = "trace.png"
-VARIANTS = compare.VARIANTS  # ("bad", "fixed"): bad drawn above fixed
+WATERFALL_NAME = "waterfall.png"  # a ladder's bar of samples/s per rung, beside its trace.png
+# ("bad", "fixed"): bad drawn above fixed. They name the panels' places too: a ladder's first
+# rung takes bad's, its last rung fixed's (runs_drawn).
+VARIANTS = compare.VARIANTS
 FIGURE_WIDTH_IN = 10.0  # the width a README shows at full size on a laptop screen
 # ~900 px wide: sharp enough in a README, and each PNG stays well under 120 KB (the walkthroughs
 # carry one each in the repository).
@@ -166,7 +176,9 @@ CPU_RUN_NOTE = "needs a CUDA GPU; not yet run on one"
 # A pair whose whole lesson shows on a CPU says so instead (memory allocated step by step;
 # Dynamo's compiled regions, which are the host's).
 CPU_LESSON_NOTE = "its lesson shows on a CPU too; not yet run on a GPU"
-CPU_LESSON_DEMOS = ("memory_leak", "recompiles")
+# The ladder's first fix (DataLoader workers) shows on a CPU as on a GPU: rung 0's steps wait on
+# its DataLoader, the last rung's do not.
+CPU_LESSON_DEMOS = ("memory_leak", "recompiles", "ladder")
 
 
 @dataclass(frozen=True)
@@ -181,7 +193,7 @@ class Zoom:
     start_ms: float = 0.0
     width_ms: float | None = None
     steps: int = 1
-    of: str = "bad"
+    of: str = "bad"  # bad's place (a ladder's first rung) or fixed's (its last)
     until: str = GPU
     memory: bool = False  # a memory-over-time panel under the two variants
     what: str = ""  # the window in words, for the figure's title (no numbers: the axis has them)
@@ -191,6 +203,11 @@ class Zoom:
     # (the rows SYNC_ROW and GPU_ROW): where the waits are the lesson.
     point_at_waits: bool = False
 
+
+# Under a ladder's title: what its two panels are, and why the longer step can be the faster run.
+LADDER_NOTE = ("rung 0: the script as first written; the last rung: the same with every fix "
+               "(each rung's gain: waterfall.png). A larger batch is one of the fixes: a step "
+               "takes longer and trains more samples a second")
 
 ZOOMS = {
     # Whole steps: bad's step is over 2 s, nearly all of it the DataLoader decoding images in the
@@ -301,11 +318,22 @@ ZOOMS = {
                             "recorded steps hold none",
                        labels=((FRAME_ROW_PREFIX + "0", "compiled regions,\nframe 0 (forward)"),
                                (FRAME_ROW_PREFIX + "1", "frame 1: forward\nafter the .item()"))),
+    # The ladder as dataloader_workers draws its pair: rung 0 decodes its JPEGs in the training
+    # process, the GPU idle meanwhile; the last rung (workers, BF16, a larger batch, compiled, a
+    # fused optimizer) runs several steps in one of rung 0's. Chosen before the ladder had a GPU
+    # run (it is not in the H100 reference yet): check it against the first one.
+    "ladder": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer", GPU_ROW),
+                   steps=1, what="one step of rung 0", note=LADDER_NOTE),
 }
 
 # The pairs whose picture comes from a CPU run until the GPU reference has them: what a CPU
 # shows of the lesson (the host's side of it: no kernels, no waits).
 CPU_ZOOMS = {
+    # One step of the last rung, the longer (its batch is 4 times rung 0's: 64 samples in 403 ms
+    # against 16 in 304 ms on the CPU reference), so each panel shows a whole step: rung 0's
+    # opens with its DataLoader decoding (29 % of its steps), the last rung's has no wait.
+    "ladder": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer"), steps=1,
+                   of="fixed", what="one step of the last rung", note=LADDER_NOTE),
     # The same window as on a GPU: the allocations follow the host on both.
     "memory_leak": ZOOMS["memory_leak"],
     # The same window as on a GPU: Dynamo's regions and the eager operators are the host's.
@@ -336,11 +364,14 @@ CPU_ZOOMS = {
 @dataclass
 class Run:
     """One variant's run as its headline reads it."""
-    variant: str
+    variant: str  # its folder, which names it in the figure: bad, fixed, or a rung (rung0_baseline)
     summary: dict
     result: dict  # analyze's JSON result
     analysis: analyze.Analysis
     cells: dict[str, str]  # compare's table, this variant's column: row label -> the text printed
+    # The run drawn above this one, for a headline that measures against it (a ladder's last
+    # rung against rung 0); None in the top panel.
+    first: Run | None = None
 
     def cell(self, label: str) -> str:
         """Compare's cell for this variant in row `label`, as compare prints it ("n/a": none)."""
@@ -498,6 +529,24 @@ def headline_recompiles(run: Run) -> str:
                           else f"eager inside them {as_printed(eager, '.2f')} ms/step"))
 
 
+def workers_words(count: int | None) -> str:
+    """A DataLoader's worker processes in words: "no workers", "1 worker", "4 workers"."""
+    return "no workers" if count == 0 else f"{count} worker{'' if count == 1 else 's'}"
+
+
+def headline_ladder(run: Run) -> str:
+    """A rung: its batch and DataLoader workers; samples/s as compare prints it and, below rung
+    0, its gain over rung 0 in the waterfall's words (ladder.ratio_words of its vs_first: rung 0
+    is the top panel); the DataLoader's share of the steps as compare prints it (its "DataLoader
+    %", on a GPU too). Each rung's verdicts are the waterfall's to say: a title of about 120
+    characters is what fits across the panel."""
+    gain = ("" if run.first is None else ", vs rung 0: " + ladder.ratio_words(
+        run.summary["samples_per_s"] / run.first.summary["samples_per_s"]))
+    return (f"{run.variant} (batch {run.summary['batch_size']}, "
+            f"{workers_words(run.config.get('num_workers'))}): {run.cell('samples/s')} "
+            f"samples/s{gain}; DataLoader {run.cell('DataLoader %')} % of the steps")
+
+
 HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "small_batch": headline_small_batch,
              "mixed_precision": headline_mixed_precision,
@@ -512,6 +561,7 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "tokenizer_bound": headline_tokenizer_bound,
              "memory_leak": headline_memory_leak,
              "recompiles": headline_recompiles,
+             "ladder": headline_ladder,
              "ddp_no_sync": headline_ddp_no_sync}
 
 
@@ -588,11 +638,12 @@ class FigureData:
     device: str  # device_line of the runs
     window_ms: tuple[float, float]
     edges_ms: np.ndarray  # COLUMNS + 1 column edges across the window
-    panels: dict[str, Panel]  # bad, fixed
+    panels: dict[str, Panel]  # by place: bad's (on top), fixed's
 
     @property
     def title(self) -> str:
-        return "\n".join([f"{self.demo}: bad above fixed, {self.zoom.what}", self.device,
+        top, below = (panel.variant for panel in self.panels.values())
+        return "\n".join([f"{self.demo}: {top} above {below}, {self.zoom.what}", self.device,
                           *textwrap.wrap(self.zoom.note, NOTE_WIDTH)])
 
 
@@ -771,8 +822,21 @@ def panel_of(demo: str, zoom: Zoom, run: Run, edges_ms: np.ndarray) -> Panel:
                  region_ids=region_ids)
 
 
+def runs_drawn(demo: str, reference: Path) -> dict[str, str]:
+    """The run folders under reference/demo that the figure draws, by the place each takes
+    (VARIANTS: bad's on top, fixed's below): a pair's own bad and fixed; a ladder's first rung
+    and its last, every fix applied (as common/ladder.py finds them; {} where it holds under two
+    rungs)."""
+    if demo not in LADDERS:
+        return {variant: variant for variant in VARIANTS}
+    rungs = [path.name for _, _, path in ladder.rung_folders(Path(reference) / demo)]
+    return dict(zip(VARIANTS, (rungs[0], rungs[-1]))) if len(rungs) >= 2 else {}
+
+
 def in_reference(demo: str, reference: Path) -> bool:
-    return all((reference / demo / variant / trace.SUMMARY_FILE).is_file() for variant in VARIANTS)
+    folders = runs_drawn(demo, reference)
+    return bool(folders) and all((reference / demo / folder / trace.SUMMARY_FILE).is_file()
+                                 for folder in folders.values())
 
 
 def reference_of(demo: str, references: tuple[Path, ...] = DEFAULT_REFERENCES) -> Path | None:
@@ -791,10 +855,15 @@ def zoom_of(demo: str, summaries: dict[str, dict]) -> Zoom:
 
 
 def read_runs(demo: str, reference: Path) -> dict[str, Run]:
-    """Both variants' summaries and analyses, and compare's table of them, as Runs."""
+    """Both variants' summaries and analyses, and compare's table of them, as Runs, by place
+    (runs_drawn)."""
+    folders = runs_drawn(demo, reference)
+    if not folders:
+        raise FigureError(f"{Path(reference) / demo}: not a ladder (two rung runs or more, "
+                          f"rung<K>_<fix>/ each with a {trace.SUMMARY_FILE})")
     runs = {}
-    for variant in VARIANTS:
-        run_dir = Path(reference) / demo / variant
+    for variant, folder in folders.items():
+        run_dir = Path(reference) / demo / folder
         if not (run_dir / trace.SUMMARY_FILE).is_file():
             raise FigureError(f"{run_dir}: no {trace.SUMMARY_FILE} (not a reference run)")
         summary = json.loads((run_dir / trace.SUMMARY_FILE).read_text())
@@ -804,10 +873,13 @@ def read_runs(demo: str, reference: Path) -> dict[str, Run]:
             raise FigureError(f"{run_dir}: {error}") from None
     # Compare's table, as it prints it: the cells the headlines quote.
     table = compare.table_rows({"variants": VARIANTS, **runs})
-    return {variant: Run(variant=variant, summary=runs[variant]["summary"],
-                         result=runs[variant]["analysis"], analysis=runs[variant]["detail"],
-                         cells={row[0]: row[1 + index] for row in table})
-            for index, variant in enumerate(VARIANTS)}
+    drawn = {}
+    for index, variant in enumerate(VARIANTS):
+        drawn[variant] = Run(variant=folders[variant], summary=runs[variant]["summary"],
+                             result=runs[variant]["analysis"], analysis=runs[variant]["detail"],
+                             cells={row[0]: row[1 + index] for row in table},
+                             first=drawn.get(VARIANTS[0]))
+    return drawn
 
 
 def figure_data(demo: str, reference: Path | None = None) -> FigureData:
@@ -931,7 +1003,7 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
 
 def draw_memory(ax, data: FigureData) -> None:
     low, high = data.window_ms
-    for panel in data.panels.values():
+    for place, panel in data.panels.items():
         if not panel.memory_mb.size:
             continue
         # The curve's value at `low`: the last event before it, then every event in the window.
@@ -939,7 +1011,7 @@ def draw_memory(ax, data: FigureData) -> None:
         last = int(np.searchsorted(panel.memory_ms, high, side="right"))
         ms, mb = panel.memory_ms[first:last], panel.memory_mb[first:last]
         ax.step(np.r_[max(ms[0], low), ms[1:], min(high, panel.end_ms)], np.r_[mb, mb[-1]],
-                where="post", lw=1.2, color=report.VARIANT_COLORS[panel.variant],
+                where="post", lw=1.2, color=report.VARIANT_COLORS[place],
                 label=f"{panel.variant}: peak "
                       f"{as_printed(panel.run.result['peak_memory_mb'], '.0f')} MB")
     ax.set_xlim(low, high)
@@ -988,9 +1060,26 @@ def write_figure(demo: str, reference: Path | None = None,
                  out_root: Path = DEFAULT_OUT_ROOT) -> Path:
     """Draw demo's figure from its reference run into out_root/<demo>/trace.png; return it."""
     data = figure_data(demo, reference)
-    out = Path(out_root) / demo / FIGURE_NAME
+    return save_png(figure(data), Path(out_root) / demo / FIGURE_NAME)
+
+
+def write_waterfall(demo: str, reference: Path, out_root: Path = DEFAULT_OUT_ROOT) -> Path:
+    """Draw a ladder's waterfall from its rungs' runs under reference/demo into
+    out_root/<demo>/waterfall.png (report.waterfall_figure: the chart the report draws); return
+    it."""
+    folder = Path(reference) / demo
+    rows = ladder.ladder_rows(folder)
+    if len(rows) < 2:
+        raise FigureError(f"{folder}: not a ladder (two rung runs or more, rung<K>_<fix>/ each "
+                          f"with a {trace.SUMMARY_FILE})")
+    first = json.loads((folder / rows[0]["rung"] / trace.SUMMARY_FILE).read_text())
+    title = (f"{demo}: samples/s at each rung, each rung one fix after the one before\n"
+             f"{device_line(first)}")
+    return save_png(report.waterfall_figure(rows, title), Path(out_root) / demo / WATERFALL_NAME)
+
+
+def save_png(fig, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig = figure(data)
     fig.tight_layout()
     fig.savefig(out, dpi=FIGURE_DPI, metadata=PNG_METADATA)
     plt.close(fig)
@@ -1006,7 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("demos", nargs="*", metavar="DEMO",
                         help=f"demos to draw (default: all {len(DEMOS)})")
     parser.add_argument("--reference", type=Path, default=None, metavar="FOLDER",
-                        help="a reference run: FOLDER/<demo>/{bad,fixed} (default: "
+                        help="a reference run: FOLDER/<demo>/{bad,fixed} (a ladder: "
+                             "FOLDER/<demo>/rung<K>_<fix>) (default: "
                              "traces/reference/h100, else traces/reference/cpu for a pair the "
                              "H100 run lacks)")
     parser.add_argument("--out-root", type=Path, default=DEFAULT_OUT_ROOT, metavar="DIR",
@@ -1026,8 +1116,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' or '.join(str(f) for f in references)} (its picture waits for a "
                       f"reference run that has it)")
                 continue
-            out = write_figure(demo, folder or references[0], flags.out_root)
-            print(f"wrote {out} from {folder} ({out.stat().st_size // 1024} KB)")
+            written = [write_figure(demo, folder or references[0], flags.out_root)]
+            if demo in LADDERS:  # its waterfall too, from the same runs
+                written.append(write_waterfall(demo, folder or references[0], flags.out_root))
+            for out in written:
+                print(f"wrote {out} from {folder} ({out.stat().st_size // 1024} KB)")
     except FigureError as error:
         parser.error(str(error))
     return 0

@@ -1,7 +1,9 @@
-"""The bad-vs-fixed report: REPORT.md, a self-contained report.html, plots, and no stale pairs."""
+"""The bad-vs-fixed report: REPORT.md, a self-contained report.html, plots, and no stale pairs;
+a ladder's section: its waterfall, as text and as a chart."""
 from __future__ import annotations
 
 import base64
+import html
 import importlib.util
 import json
 import math
@@ -15,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from common import report
+from common import ladder, report
 from tests.conftest import ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -148,18 +150,22 @@ def test_run_demos_writes_the_report_of_this_run_only(pairs_out, monkeypatch, ca
 
 
 def test_run_demos_smoke_report_covers_every_demo(demos_smoke_out):
-    """The real ./scripts/run_demos.sh --smoke (shared fixture): one current section per demo."""
+    """The real ./scripts/run_demos.sh --smoke (shared fixture): one current section per demo,
+    and per ladder its waterfall."""
     demos = sorted(d.name for d in (ROOT / "demos").iterdir()
                    if (d / "bad.py").is_file() and (d / "fixed.py").is_file())
+    ladders = sorted(d.name for d in (ROOT / "demos").iterdir() if any(d.glob("rung*.py")))
     found = sections((demos_smoke_out / report.REPORT_MD).read_text())
-    assert sorted(found) == demos
+    assert sorted(found) == sorted(demos + ladders)
+    for name in ladders:
+        assert "```text\nladder: " in found[name] and "_waterfall.png)" in found[name], name
     for demo in demos:  # its throughput row: a training pair's samples/s, an inference one's
         assert "| samples/s |" in found[demo] or "| requests/s |" in found[demo], demo
     assert "| generated tokens/s |" in found["llm_decode"]
     assert "| per token p50 ms |" in found["llm_decode"]
     assert "| latency p50 ms |" in found["tokenizer_bound"]
     page = (demos_smoke_out / report.REPORT_HTML).read_text()
-    assert len(inline_pngs(page)) >= 2 * len(demos)
+    assert len(inline_pngs(page)) >= 2 * len(demos) + len(ladders)
 
 
 def test_report_command_line(pairs_out, tmp_path, capsys):
@@ -169,6 +175,69 @@ def test_report_command_line(pairs_out, tmp_path, capsys):
     assert report.main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
+
+
+# --- A ladder: its waterfall, from the committed CPU runs of its rungs. --------------------------
+CPU_LADDER = ROOT / "traces" / "reference" / "cpu" / "ladder"
+needs_cpu_ladder = pytest.mark.skipif(not CPU_LADDER.is_dir(),
+                                      reason="no CPU run of the ladder committed")
+
+
+@pytest.fixture
+def ladder_out(pairs_out):
+    """The synthetic pairs, and beside them the committed CPU ladder (linked: read, not run)."""
+    (pairs_out / "ladder").symlink_to(CPU_LADDER, target_is_directory=True)
+    return pairs_out
+
+
+@needs_cpu_ladder
+def test_a_ladder_gets_a_section_with_its_waterfall(ladder_out):
+    """With no demo named, the report covers every pair and every ladder: the ladder's section
+    holds its waterfall as compare prints it and its chart, and the summary says its last rung's
+    gain over rung 0 in the waterfall's words; the pairs' sections are as they were."""
+    markdown_path, html_path = report.write_report(ladder_out)
+    markdown = markdown_path.read_text()
+    found = sections(markdown)
+    assert list(found) == ["activation_checkpointing", "small_batch", "ladder"]  # pairs first
+    rows = ladder.ladder_rows(CPU_LADDER)
+    text = ladder.format_waterfall(rows)
+    assert f"```text\n{text}\n```" in found["ladder"]
+    assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", found["ladder"]) == [
+        f"{report.FIGURES_DIR}/ladder_waterfall.png"]
+    assert (ladder_out / report.FIGURES_DIR / "ladder_waterfall.png").read_bytes().startswith(
+        PNG_MAGIC)
+    gain = ladder.ratio_words(rows[-1]["vs_first"])
+    assert (f"Ladders: [ladder](#ladder): {rows[-1]['rung']} vs {rows[0]['rung']}: {gain}."
+            in markdown)
+    assert "Not in this run" not in markdown
+    small = found["small_batch"]  # a pair's section: unchanged by the ladder beside it
+    assert "| samples/s | 1000.0 | 5300.0 | 5.30x higher, better |" in small
+    assert "| [small_batch](#small_batch) |" in markdown and "| [ladder]" not in markdown
+    page = html_path.read_text()
+    assert f"<pre>{html.escape(text)}</pre>" in page and 'href="#ladder"' in page
+    assert len(inline_pngs(page)) == 8 + 1  # the pairs' plots, and the waterfall chart
+
+
+@needs_cpu_ladder
+def test_a_ladder_not_asked_for_failed_or_stale_shows_no_numbers(ladder_out, capsys):
+    report.write_report(ladder_out, ["small_batch"])  # pairs named: the ladder is left over
+    markdown = (ladder_out / report.REPORT_MD).read_text()
+    assert "ladder" not in sections(markdown) and "`ladder`" in markdown.split("Not in this run")[1]
+    report.write_report(ladder_out, [], ladders=["ladder"], failed={"ladder"})
+    failed = sections((ladder_out / report.REPORT_MD).read_text())["ladder"]
+    assert failed.strip().endswith("**No waterfall (failed):** a rung of this ladder failed in "
+                                   "this run (see the log above the report); no numbers are "
+                                   "shown")
+    assert not list((ladder_out / report.FIGURES_DIR).glob("*.png"))
+    later = datetime.now(timezone.utc) + timedelta(days=1)  # a run that began after every rung's
+    report.write_report(ladder_out, [], ladders=["ladder"], since=later)
+    stale = sections((ladder_out / report.REPORT_MD).read_text())["ladder"]
+    assert "**No waterfall (stale):** rung0_baseline/summary.json is from " in stale
+    assert "samples/s" not in stale
+    # By name on the command line, alone: its section, and no pair's.
+    assert report.main([str(ladder_out), "ladder"]) == 0
+    capsys.readouterr()
+    assert list(sections((ladder_out / report.REPORT_MD).read_text())) == ["ladder"]
 
 
 # --- Sections without numbers: what the markdown says for each. ---------------------------------

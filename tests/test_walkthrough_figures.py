@@ -5,7 +5,8 @@ JSON where the human output has no such line) or the summary as compare prints i
 number may appear; the profiled-vs-timed line is checked to appear exactly where the two differ
 by more than 1.2x; what each figure draws is checked against what its walkthrough says the
 picture shows; the committed demos/*/trace.png and the READMEs' links to them are checked to be
-there."""
+there. The ladder's picture is its first rung above its last; its waterfall chart is checked to
+draw ladder.ladder_rows' numbers and words."""
 from __future__ import annotations
 
 import gzip
@@ -19,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from common import analyze
+from common import analyze, ladder, report
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
@@ -27,7 +28,7 @@ REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
 CPU_PAIRS = ("llm_decode", "tokenizer_bound", "host_roundtrip")  # pictures from CPU runs so far
 # Pictures from CPU runs of pairs whose lesson shows on a CPU too (not yet run on a GPU).
-CPU_LESSON_PAIRS = ("memory_leak", "recompiles")
+CPU_LESSON_PAIRS = ("memory_leak", "recompiles", "ladder")
 # Pairs whose lesson needs a GPU to show, not yet run on one: no picture until then.
 NO_PICTURE_YET = {"fragmentation"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -35,6 +36,11 @@ MAX_PNG_BYTES = 120 * 1024  # the brief's cap: every walkthrough's figure stays 
 README_HEAD_LINES = 15  # the picture comes right after the title and the symptom
 SCRIPT_TIMEOUT_S = 120  # each run answers in seconds; this only stops a hang
 PROFILED_VS_TIMED_MAX = 1.2  # the profiled steps "differ" from the timed p50 beyond this factor
+# The waterfall chart draws ladder_rows' own floats: only float rounding may tell them apart.
+WATERFALL_REL_TOLERANCE = 1e-9
+STEP_GAP_MAX_MS = 1.0  # between one step's end and the next one's start, on the host
+needs_cpu_ladder = pytest.mark.skipif(not (CPU_REFERENCE / "ladder").is_dir(),
+                                      reason="no CPU run of the ladder committed")
 
 
 def load_script():
@@ -214,6 +220,14 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
         if "eager inside regions" in out:  # printed only where a region ran eager operators
             shown.append(grab(out, r"eager inside regions (\S+) ms/step", "compiled "))
         return shown, []
+    if demo == "ladder":  # compare's samples/s and DataLoader %; below rung 0 the waterfall's gain
+        shown = [f"{summary['samples_per_s']:.1f}",
+                 grab(out, r"^DataLoader (\S+) % of the steps", "DataLoader")]
+        row = next(r for r in ladder.ladder_rows(run_dir.parent) if r["rung"] == run_dir.name)
+        if row["vs_first"] is not None:  # "vs rung 0: 3.05x more samples/s"
+            shown.append(f"{row['vs_first']:.2f}")
+        return shown, [str(summary["batch_size"]), str(config["num_workers"]),
+                       "0"]  # the 0 of "rung 0", a name
     pytest.fail(f"{demo}: no expected numbers for its headline")
 
 
@@ -226,7 +240,7 @@ def test_title_numbers_are_the_analyzers_as_it_prints_them(drawn, demo):
     data = drawn[demo]
     for variant, panel in data.panels.items():
         shown = numbers(panel.headline)
-        expected, config = expected_numbers(demo, panel, data.reference / demo / variant)
+        expected, config = expected_numbers(demo, panel, data.reference / demo / panel.variant)
         for number in expected:
             assert number in shown, f"{demo}/{variant}: {number} not in {panel.headline!r}"
         stray = [n for n in shown if n not in expected + config]
@@ -348,6 +362,117 @@ def test_cpu_pictures_draw_the_host_side_of_the_lesson(drawn):
     assert gaps["bad"] > 2 * gaps["fixed"]
 
 
+@needs_cpu_ladder
+def test_ladder_draws_its_first_rung_above_its_last(drawn):
+    """The ladder's picture: its first rung in bad's place, its last (every fix) in fixed's, as
+    common/ladder.py orders its rungs; the rows dataloader_workers has on a CPU. rung 0's step
+    opens with its DataLoader decoding (29 % of its steps on the reference), the last rung's
+    waits next to nothing; the window is the last rung's first step, whole (the longer: its
+    batch is the larger). Only the last rung's headline has a gain over rung 0, in the
+    waterfall's words."""
+    data = drawn["ladder"]
+    rungs = [path.name for _, _, path in ladder.rung_folders(data.reference / "ladder")]
+    first, last = data.panels["bad"], data.panels["fixed"]
+    assert (first.variant, last.variant) == (rungs[0], rungs[-1])
+    assert data.title.startswith(f"ladder: {rungs[0]} above {rungs[-1]}, ")
+    for panel in (first, last):
+        assert list(panel.rows) == ["DataLoader", "forward", "backward", "optimizer"]
+    # The window ends with the last rung's first step: its second begins a moment later (the
+    # dashed line), after the gap of µs between two steps.
+    assert data.window_ms[0] == 0.0
+    assert 0.0 <= last.step_edges_ms[1] - data.window_ms[1] < STEP_GAP_MAX_MS
+    assert first.end_ms > data.window_ms[1]  # rung 0's panel is full: no "steps end here"
+    assert first.rows["DataLoader"].mean() > 0.2 and last.rows["DataLoader"].mean() < 0.01
+    rows = {row["rung"]: row for row in ladder.ladder_rows(data.reference / "ladder")}
+    gain = ladder.ratio_words(rows[rungs[-1]]["vs_first"])
+    assert f"vs rung 0: {gain}" in last.headline and "vs rung 0" not in first.headline
+    assert gain.endswith("more samples/s")  # every fix together: faster than rung 0
+
+
+def waterfall_row(rung: str, samples_per_s: float, first: float | None, before: float | None,
+                  top: dict | None = None) -> dict:
+    """A row as ladder.ladder_rows gives it, as much of it as the chart reads."""
+    return {"rung": rung, "device": "cpu", "batch_size": 16, "samples_per_s": samples_per_s,
+            "vs_first": None if first is None else samples_per_s / first,
+            "vs_previous": None if before is None else samples_per_s / before, "top": top}
+
+
+def drawn_bars(fig) -> dict[int, list[tuple[float, float, bool]]]:
+    """The chart's bars by rung (its y): (left, right, filled) of each piece, left to right."""
+    pieces: dict[int, list] = {}
+    for patch in fig.axes[0].patches:
+        y = round(patch.get_y() + patch.get_height() / 2)
+        pieces.setdefault(y, []).append((patch.get_x(), patch.get_x() + patch.get_width(),
+                                         patch.get_fill()))
+    return {y: sorted(found) for y, found in pieces.items()}
+
+
+def check_waterfall(rows: list[dict]) -> None:
+    """The chart's data (report.waterfall_bars) and its drawn bars are ladder_rows': each rung's
+    samples/s where its bar ends (WATERFALL_REL_TOLERANCE), split at the rung before's; its
+    words the waterfall's (format_waterfall's samples/s, ladder.ratio_words of its gains over
+    rung 0 and over the rung before) and its top verdict, or none."""
+    bars = report.waterfall_bars(rows)
+    fig = report.waterfall_figure(rows, "t")
+    pieces = drawn_bars(fig)
+    texts = [text.get_text() for text in fig.axes[0].texts]
+    assert len(bars) == len(rows) == len(pieces) == len(texts)
+    before = None
+    for y, (bar, row) in enumerate(zip(bars, rows)):
+        now = row["samples_per_s"]
+        assert bar["samples_per_s"] == pytest.approx(now, rel=WATERFALL_REL_TOLERANCE)
+        assert bar["before"] == (None if before is None else pytest.approx(
+            before, rel=WATERFALL_REL_TOLERANCE))
+        # Drawn: one piece from 0 on rung 0; then the rung before's part (filled) and the
+        # change, from there to this rung's (a gain, filled) or from this rung's (a loss, hatched).
+        ends = [0.0] + sorted({now, before if before is not None else now})
+        assert [side for left, right, _ in pieces[y] for side in (left, right)] == pytest.approx(
+            [side for pair in zip(ends, ends[1:]) for side in pair], rel=WATERFALL_REL_TOLERANCE)
+        assert [filled for *_, filled in pieces[y]] == [True] + [
+            before is not None and now >= before] * (len(ends) - 2)
+        words = bar["words"]
+        assert words == texts[y] and f"{now:.1f} samples/s" in words
+        top = row["top"]
+        assert f"top verdict: {top['id'] if top else 'none'}" in words
+        if before is not None:
+            assert f"vs rung 0: {ladder.ratio_words(row['vs_first'])}" in words
+            assert f"vs the rung before: {ladder.ratio_words(row['vs_previous'])}" in words
+        before = now
+
+
+@needs_cpu_ladder
+def test_the_waterfall_chart_draws_the_ladder_rows():
+    rows = ladder.ladder_rows(CPU_REFERENCE / "ladder")
+    check_waterfall(rows)
+    words = report.waterfall_bars(rows)[-1]["words"]
+    assert f"vs rung 0: {rows[-1]['vs_first']:.2f}x more samples/s" in words  # with its direction
+
+
+def test_the_waterfall_chart_draws_a_loss_as_one():
+    """A rung slower than the one before (a fix that costs on this machine): its bar ends short
+    of the rung before's, the difference hatched, its words "0.80x the samples/s"."""
+    rows = [waterfall_row("rung0_baseline", 50.0, None, None,
+                          {"id": "dataloader", "demo": "dataloader_workers"}),
+            waterfall_row("rung1_workers", 100.0, 50.0, 50.0),
+            waterfall_row("rung2_bf16", 80.0, 50.0, 100.0, {"id": "x", "demo": None})]
+    check_waterfall(rows)
+    words = report.waterfall_bars(rows)[2]["words"]
+    assert "vs the rung before: 1.25x fewer samples/s" in words  # a loss, its own factor
+    assert "vs rung 0: 1.60x more samples/s" in words and "top verdict: x\n" not in words
+
+
+@needs_cpu_ladder
+def test_the_ladder_command_writes_its_picture_and_its_waterfall(tmp_path, capsys):
+    assert figures.main(["ladder", "--out-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in ("trace.png", "waterfall.png"):
+        png = tmp_path / "ladder" / name
+        assert f"wrote {png}" in out
+        data = png.read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and 10_000 < len(data) < MAX_PNG_BYTES
+        assert not PNG_TEXT_CHUNKS & set(png_chunk_types(data))
+
+
 # --- What the walkthroughs say their pictures show. -------------------------------------------
 
 @needs_reference
@@ -428,11 +553,12 @@ def test_every_demo_has_a_zoom_and_draws_the_same_window_for_both(drawn):
 
 
 def test_committed_figures_exist_for_every_demo_in_the_reference():
-    for demo in DRAWN:
-        png = ROOT / "demos" / demo / "trace.png"
-        assert png.is_file(), f"{png}: missing; run scripts/walkthrough_figures.py"
-        assert png.read_bytes().startswith(PNG_SIGNATURE)
-        assert png.stat().st_size < MAX_PNG_BYTES, f"{png}: {png.stat().st_size} bytes"
+    for demo in DRAWN:  # a ladder's waterfall too
+        names = ["trace.png"] + (["waterfall.png"] if demo in figures.LADDERS else [])
+        for png in (ROOT / "demos" / demo / name for name in names):
+            assert png.is_file(), f"{png}: missing; run scripts/walkthrough_figures.py"
+            assert png.read_bytes().startswith(PNG_SIGNATURE)
+            assert png.stat().st_size < MAX_PNG_BYTES, f"{png}: {png.stat().st_size} bytes"
 
 
 def test_every_walkthrough_opens_with_its_picture():
