@@ -21,8 +21,8 @@ import numpy as np
 from common.idle_causes import is_compile_work, names_where, step_of
 from common.intervals import Spans, merge, union_in
 from common.trace_columns import TraceColumns
+from common.trace_steps import US_PER_MS
 
-US_PER_MS = 1000.0
 REGION_NAME = re.compile(r"^Torch-Compiled Region(?:: !?(?:\d+/)?(\d+)/(\d+))?")
 # Calls that run a compiled graph (forward, backward, inference) and Dynamo's work around one, on
 # every call: none of this is eager code.
@@ -43,15 +43,13 @@ def compiled_metrics(columns: TraceColumns, steps: Spans) -> dict | None:
         return None
     low, high = float(steps.start[0]), float(steps.end[-1])
     in_window = (ops.start >= low) & (ops.start < high)
-    region, covers = region_flags(columns)
+    region, covers, work, graph_call = region_flags(columns)
     region &= in_window
-    work = names_where(names, is_compile_work)
     compiling = merge(Spans(ops.start[work], ops.end[work]))
     compiling_ms = union_in(compiling, low, high) / US_PER_MS
     if not region.any() and compiling_ms == 0:
         return None
     n_steps = steps.size
-    graph_call = names_where(names, lambda name: name.startswith(GRAPH_CALL_PREFIXES))
     thread = op_threads(columns)
     regions = read_regions(columns, region, covers, thread)
     eager_index = [i for r in regions for i in r["eager"]]
@@ -120,15 +118,16 @@ def op_threads(columns: TraceColumns) -> np.ndarray:
     return np.zeros(columns.cpu_op_names.size, np.int64)
 
 
-def region_flags(columns: TraceColumns) -> tuple[np.ndarray, np.ndarray]:
-    """Which operators are compiled regions, and which are not user code inside one: regions,
-    graph calls, Dynamo's calls and compiling ranges."""
+def region_flags(columns: TraceColumns) -> tuple[np.ndarray, ...]:
+    """Per operator: whether it is a compiled region; whether it is no user code inside one (a
+    region, a graph call, a Dynamo call, compiling: `covers`); whether it is compiling; whether
+    it is a graph call."""
     names = columns.cpu_op_names
     region = names_where(names, REGION_NAME.match)
-    covers = (region | names_where(names, is_compile_work)
-              | names_where(names, lambda name: name.startswith(GRAPH_CALL_PREFIXES
-                                                                 + DYNAMO_CALL_PREFIXES)))
-    return region, covers
+    work = names_where(names, is_compile_work)
+    graph_call = names_where(names, lambda name: name.startswith(GRAPH_CALL_PREFIXES))
+    dynamo_call = names_where(names, lambda name: name.startswith(DYNAMO_CALL_PREFIXES))
+    return region, region | work | graph_call | dynamo_call, work, graph_call
 
 
 def read_regions(columns: TraceColumns, region: np.ndarray, covers: np.ndarray,

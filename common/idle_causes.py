@@ -89,21 +89,6 @@ COMPILE_MARKER = "(dynamo_timed)"
 # Compiling ranges without the marker: the one around a frame's whole compile, and Dynamo's
 # outermost (torch 2.14 writes both as operators, around the marked ones).
 COMPILE_RANGE_NAMES = ("entire_frame_compile", "dynamo")
-
-
-def is_compile_work(name: str) -> bool:
-    """A range of torch.compile compiling (tracing, AOTAutograd, Inductor), not running."""
-    return COMPILE_MARKER in name or name in COMPILE_RANGE_NAMES
-
-
-def names_where(names: np.ndarray, test) -> np.ndarray:
-    """test(name) for each of `names`, evaluated once per distinct name (a trace repeats a few
-    thousand names over its events): all False, without a pass over the events, when none holds."""
-    distinct = set(names.tolist())
-    hits = {name for name in distinct if test(str(name))}
-    if not hits:
-        return np.zeros(len(names), bool)
-    return np.fromiter((name in hits for name in names.tolist()), bool, len(names))
 INIT_KINDS = ("setup_call", "long_launch", "first_launch", "first_call", "compile",
               "first_collective")
 INIT_KIND_WORDS = {
@@ -123,6 +108,21 @@ INIT_FIXES = {
     "compile": "torch.compile compiles on the first calls: its Dynamo/Inductor time in the "
                "window is initialization, not host overhead",
     "first_collective": "the first collective waits for every rank to start up"}
+
+
+def is_compile_work(name: str) -> bool:
+    """A range of torch.compile compiling (tracing, AOTAutograd, Inductor), not running."""
+    return COMPILE_MARKER in name or name in COMPILE_RANGE_NAMES
+
+
+def names_where(names: np.ndarray, test) -> np.ndarray:
+    """test(name) for each of `names`, evaluated once per distinct name (a trace repeats a few
+    thousand names over its events): all False, without a pass over the events, when none holds."""
+    distinct = set(names.tolist())
+    hits = {name for name in distinct if test(str(name))}
+    if not hits:
+        return np.zeros(len(names), bool)
+    return np.fromiter((name in hits for name in names.tolist()), bool, len(names))
 
 
 def gpu_idle_during(columns: TraceColumns, start: np.ndarray, end: np.ndarray) -> np.ndarray:

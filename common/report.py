@@ -387,10 +387,12 @@ def plot_memory_over_time(traces: dict[str, Path], out_png: Path,
     return None if fig is None else save(fig, Path(out_png))
 
 
-def save(fig, out_png: Path) -> Path:
+def save(fig, out_png: Path, dpi: int = FIGURE_DPI, metadata: dict | None = None) -> Path:
+    """Write `fig` as a PNG and close it; `metadata`: matplotlib's PNG metadata (the walkthrough
+    figures drop the Software tag, so a redraw of the same data is byte-identical)."""
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=FIGURE_DPI)
+    fig.savefig(out_png, dpi=dpi, metadata=metadata)
     plt.close(fig)
     return out_png
 

@@ -673,7 +673,7 @@ def compiled_regions(columns) -> list[dict]:
     """Every compiled region in the trace as common/compiled.py reads it (read_regions: frame,
     compile id, start, end, and its own eager operators): the same definition the analyzer sums
     over the recorded steps, here over the whole trace (the figure clips to its window)."""
-    region, covers = compiled.region_flags(columns)
+    region, covers, _, _ = compiled.region_flags(columns)
     return compiled.read_regions(columns, region, covers, compiled.op_threads(columns))
 
 
@@ -1060,7 +1060,8 @@ def write_figure(demo: str, reference: Path | None = None,
                  out_root: Path = DEFAULT_OUT_ROOT) -> Path:
     """Draw demo's figure from its reference run into out_root/<demo>/trace.png; return it."""
     data = figure_data(demo, reference)
-    return save_png(figure(data), Path(out_root) / demo / FIGURE_NAME)
+    return report.save(figure(data), Path(out_root) / demo / FIGURE_NAME, dpi=FIGURE_DPI,
+                       metadata=PNG_METADATA)
 
 
 def write_waterfall(demo: str, reference: Path, out_root: Path = DEFAULT_OUT_ROOT) -> Path:
@@ -1075,15 +1076,8 @@ def write_waterfall(demo: str, reference: Path, out_root: Path = DEFAULT_OUT_ROO
     first = json.loads((folder / rows[0]["rung"] / trace.SUMMARY_FILE).read_text())
     title = (f"{demo}: samples/s at each rung, each rung one fix after the one before\n"
              f"{device_line(first)}")
-    return save_png(report.waterfall_figure(rows, title), Path(out_root) / demo / WATERFALL_NAME)
-
-
-def save_png(fig, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=FIGURE_DPI, metadata=PNG_METADATA)
-    plt.close(fig)
-    return out
+    return report.save(report.waterfall_figure(rows, title), Path(out_root) / demo / WATERFALL_NAME,
+                       dpi=FIGURE_DPI, metadata=PNG_METADATA)
 
 
 def main(argv: list[str] | None = None) -> int:
