@@ -16,10 +16,11 @@ import pytest
 from common import analyze, frames
 from tests.conftest import ROOT, read_summary, run_demo
 
-# Every pair's bad run but recompiles': it compiles inside its profiled steps, which the Python
-# tracer slows to ~40 s; its compiled code's frames are read in test_python_frames.py.
-DEMOS = sorted(d.name for d in (ROOT / "demos").iterdir()
-               if (d / "bad.py").is_file() and d.name != "recompiles")
+# --with-stack is the harness's: one bad run per loop that records it, not every pair's (a run
+# each costs 3-17 s of a suite at its 10-minute bound). train (a DataLoader), train_on_device,
+# measure with the script's own step, measure across ranks, generate, serve_texts (its threads).
+DEMOS = ("dataloader_workers", "small_batch", "memory_leak", "ddp_no_sync", "llm_decode",
+         "tokenizer_bound")
 PY_SPY_TIMEOUT_S = 300  # a smoke run of host_roundtrip/bad takes seconds; this stops a hang
 PY_SPY_RATE_HZ = 200  # the walkthrough's rate
 HOST_ROUNDTRIP_BAD = ROOT / "demos" / "host_roundtrip" / "bad.py"
