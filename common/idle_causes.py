@@ -699,7 +699,7 @@ def unrecorded_work(columns: TraceColumns, window: tuple[float, float]) -> Spans
     that stream ran work launched before the warm-up, which no trace holds, or waited on such
     work (an event of another stream, taken before the recording). A GPU-bound loop more than a
     step ahead of the host shows this at the window's start: the H100 reference's
-    dataloader_workers/fixed, 47.5 ms with no kernel while the previous step's backward ran."""
+    dataloader_workers/fixed waits on the previous step's backward, launched in the warm-up step."""
     low, high = window
     calls = columns.runtime_correlation[columns.runtime_correlation > 0]
     if not calls.size:  # no API call in the trace (a GPU-only trace): nothing to tell apart

@@ -241,7 +241,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
         # CPU spends ~24 us launching an op) the step is CPU bound, 14 ms of launching for 4.7 ms
         # of kernels, so removing the waits gains 1.26x: each wait exposes only the GPU's tail.
         # Width 2048 (measured there too) made the GPU the longer side, and each wait then costs
-        # only the next launch's latency: 0.99x. The waits cost most where CPU and GPU take equal
+        # only the next launch's latency: 0.99x. Later, on the same kind of machine (60 timed
+        # steps each): width 512 1.37x, width 1536 1.34x, width 1024 at batch 4096 1.08x. No size
+        # reached the first target (1.5x); the waits cost most where CPU and GPU take about equal
         # time per block, a balance that moves with the machine's CPU.
         "cuda": Preset(batch_size=1024, steps=100, warmup_steps=5,
                        sizes=dict(width=1024, blocks=16, num_classes=10)),

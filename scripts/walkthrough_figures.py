@@ -276,8 +276,8 @@ ZOOMS = {
     "ddp_no_sync": Zoom(HOST, ("forward", "backward", COLLECTIVE_ROW, "optimizer", GPU_ROW),
                         steps=1, what="one step of bad, rank 0"),
     # One step of bad: its forward holds the loss's round trips, each a host wait with the GPU
-    # idle after it; fixed's whole step fits in bad's forward. Chosen before the pair had a GPU
-    # run (it is not in the H100 reference yet): check it against the first one.
+    # idle after it; fixed's three steps fit in bad's forward (H100: 19 ms of forward, the GPU
+    # idle after syncs for most of it; fixed's step 3.1 ms).
     "host_roundtrip": Zoom(HOST, ("forward", SYNC_ROW, "backward", "optimizer", GPU_ROW),
                            steps=1, what="one step of bad"),
     # 5 ms of decoding, from 10 ms into the first request (after the 128-token prompt's pass):
@@ -287,8 +287,8 @@ ZOOMS = {
     "llm_decode": Zoom(HOST, ("region:decode", GPU_ROW), start_ms=10.0, width_ms=5.0,
                        what="5 ms of decoding"),
     # One batch of bad: the tokenize region holds most of it with the GPU idle, the model's
-    # forward a short burst after it; fixed's whole batch fits in bad's tokenizing. Chosen
-    # before the pair had a GPU run: check it then.
+    # forward a short burst after it; fixed's three batches fit in bad's tokenizing (H100:
+    # 1.7 s of tokenizing a batch, fixed's 184 ms a batch).
     "tokenizer_bound": Zoom(HOST, ("region:tokenize", "forward", GPU_ROW), steps=1,
                             what="one batch of bad"),
     # Memory is the lesson, over many steps: bad's recorded steps but the last (whose log region
@@ -306,8 +306,7 @@ ZOOMS = {
     # operators run eagerly inside frame 0's region (red) and their backward eagerly too, a
     # step 2 to 3 times as long (6.2 to 8.7 ms against 2.5 to 2.7 ms on the CPU reference).
     # fixed's 8 steps, one region and one forward and one backward graph a step, end inside
-    # bad's fourth. Chosen before the pair had a GPU run (it is not in the H100 reference
-    # yet): check it against the first one.
+    # bad's fourth (CPU), inside its eighth on the H100, where both are launch bound.
     "recompiles": Zoom(HOST, ("forward", "backward", FRAME_ROW_PREFIX + "0",
                               FRAME_ROW_PREFIX + "1", GRAPH_CALL_ROW, EAGER_IN_REGIONS_ROW),
                        steps=8, until=HOST,

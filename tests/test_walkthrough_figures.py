@@ -26,10 +26,11 @@ from tests.conftest import ROOT
 SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
-CPU_PAIRS = ("llm_decode", "tokenizer_bound", "host_roundtrip")  # pictures from CPU runs so far
+CPU_PAIRS = ("llm_decode",)  # pictures from CPU runs so far
 # Pictures from CPU runs of pairs whose lesson shows on a CPU too (not yet run on a GPU).
-CPU_LESSON_PAIRS = ("memory_leak", "recompiles", "ladder")
-# Pairs whose lesson needs a GPU to show, not yet run on one: no picture until then.
+CPU_LESSON_PAIRS = ("ladder",)
+# Pairs with no picture: fragmentation's lesson is memory reserved beside memory allocated, and
+# the figure's memory panel draws allocated only.
 NO_PICTURE_YET = {"fragmentation"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_PNG_BYTES = 120 * 1024  # the brief's cap: every walkthrough's figure stays small in the repository
@@ -118,8 +119,10 @@ def test_regenerated_figures_are_small_pngs_and_identical_bytes(tmp_path):
 # --- Every number in a title is the analyzer's, as it prints it. -------------------------------
 
 # A number as a title writes it: digits with an optional decimal part, standing alone ("FP32",
-# "rank0" and "2.11.0" are not numbers here; "1.53x" is 1.53).
-NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]|\.\d)|(?<![\w.])\d+(?:\.\d+)?(?=x\b)")
+# "rank0" and "2.11.0" are not numbers here; "1.53x" is 1.53), its thousands separated by commas
+# where the analyzer prints them so (10,256.8 MB).
+NUMBER = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]|\.\d)"
+                    r"|(?<![\w.])\d+(?:\.\d+)?(?![\w.]|\.\d)|(?<![\w.])\d+(?:\.\d+)?(?=x\b)")
 
 
 def numbers(text: str) -> list[str]:
@@ -195,6 +198,10 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
         return ([grab(out, r"(\S+) collectives/step", "distributed"),
                  grab(out, r"(\S+) ms/step in them", "distributed"), step_p50],
                 [str(result["distributed"]["rank"]), str(result["distributed"]["world_size"])])
+    if demo == "host_roundtrip" and on_gpu:  # its syncs, round trips and the idle after syncs
+        return ([grab(out, r"(\S+) syncs/step", "host"),
+                 f"{result['gpu']['round_trips_per_step']:.1f}", idle,
+                 grab(out, r"host syncs (\S+?),", "GPU idle")], [])
     if demo == "host_roundtrip":
         return ([f"{summary['samples_per_s']:.1f}", step_p50,
                  grab(out, r"cpu_exec (\S+?)(?:,|$)", "breakdown"),
@@ -207,6 +214,9 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
         if "host regions tokenize" in out:  # the analyzer's region line: share and ms per step
             shown += [grab(out, r"tokenize (\S+) % of the steps", "host regions"),
                       grab(out, r"tokenize \S+ % of the steps \((\S+) ms/step", "host regions")]
+            if on_gpu:  # and the GPU's idle while it runs
+                shown.append(grab(out, r"tokenize \S+ % of the steps \(\S+ ms/step, GPU idle "
+                                       r"(\S+) %", "host regions"))
         return shown, []
     if demo == "memory_leak":  # the analyzer's memory line: the ends, the slope, its R^2
         return ([grab(out, r"at step ends (\S+) ->", "memory "),
@@ -344,21 +354,28 @@ def test_recompiles_draws_regions_recompiles_and_eager_fallback(drawn):
 
 @pytest.mark.skipif(not CPU_REFERENCE.is_dir(), reason="no CPU runs committed")
 def test_cpu_pictures_draw_the_host_side_of_the_lesson(drawn):
-    """llm_decode: bad's token runs every block's operators, aten::cat among them; fixed's is one
-    compiled call (no aten::cat between). tokenizer_bound: bad's tokenize region holds most of
-    its batch with no operator running. host_roundtrip: bad's forward has stretches with no
-    operator (its Python loop), longer than fixed's."""
+    """llm_decode (a CPU run): bad's token runs every block's operators, aten::cat among them;
+    fixed's is one compiled call (no aten::cat between). tokenizer_bound: bad's tokenize region
+    holds most of its batch with no operator (CPU) or kernel (GPU) running. host_roundtrip: bad's
+    forward has stretches with nothing running (its Python loop; the GPU waiting on it), longer
+    than fixed's."""
     decode = drawn["llm_decode"].panels
     assert decode["bad"].rows["op:aten::cat"].any()
     assert decode["fixed"].rows["op:Torch-Compiled Region"].any()
     assert not decode["bad"].rows["op:Torch-Compiled Region"].any()
-    tokenize = drawn["tokenizer_bound"].panels["bad"].rows
-    busy = tokenize["region:tokenize"] > 0.5
-    assert busy.mean() > 0.5 and tokenize["operators"][busy].mean() < 0.05
+    tokenize = drawn["tokenizer_bound"]
+    busy = tokenize.panels["bad"].rows["region:tokenize"] > 0.5
+    # on a CPU no operator runs while it tokenizes; on a GPU no kernel does either
+    idle_row = "operators" if tokenize.reference == CPU_REFERENCE else figures.GPU_ROW
+    assert busy.mean() > 0.5 and tokenize.panels["bad"].rows[idle_row][busy].mean() < 0.05
+    roundtrip = drawn["host_roundtrip"]
+    # bad's forward has stretches with nothing running (its Python loop on a CPU, the GPU
+    # waiting for it on a GPU), longer than fixed's
+    row = "operators" if roundtrip.reference == CPU_REFERENCE else figures.GPU_ROW
     gaps = {}
-    for variant, panel in drawn["host_roundtrip"].panels.items():
+    for variant, panel in roundtrip.panels.items():
         forward = panel.rows["forward"] > 0.99
-        gaps[variant] = (1 - panel.rows["operators"][forward]).sum()  # columns with no operator
+        gaps[variant] = (1 - panel.rows[row][forward]).sum()  # columns with nothing running
     assert gaps["bad"] > 2 * gaps["fixed"]
 
 
