@@ -550,14 +550,17 @@ TF32_WORDS = {(True, False): "TF32 matmuls", (False, True): "TF32 convolutions",
 
 
 def precision(summary: dict, analysis: dict | None = None) -> str:
-    """A run's math precision: "BF16 autocast" from its summary's config; else FP32, with TF32
-    where the trace holds TF32 kernels (gpu.tf32_pct; `analysis`), for what the config allowed
-    ("FP32, TF32 convolutions": cuDNN's default, the ResNet pairs on a GPU), or "FP32, TF32
-    kernels" where the config does not say. Without `analysis`, the config alone."""
+    """A run's math precision: "BF16 autocast" from its summary's config, or "BF16 weights"
+    where the model itself was cast (config "dtype": the serving pairs on a GPU); else FP32, with
+    TF32 where the trace holds TF32 kernels (gpu.tf32_pct; `analysis`), for what the config
+    allowed ("FP32, TF32 convolutions": cuDNN's default, the ResNet pairs on a GPU), or "FP32,
+    TF32 kernels" where the config does not say. Without `analysis`, the config alone."""
     config = summary.get("config") or {}
     dtype = config.get("autocast_dtype")
     if dtype:
         return f"{AUTOCAST_NAMES.get(dtype, dtype)} autocast"
+    if config.get("dtype") in AUTOCAST_NAMES:  # the weights themselves in 16 bits
+        return f"{AUTOCAST_NAMES[config['dtype']]} weights"
     allowed = (bool(config.get("tf32_matmul")), bool(config.get("tf32_cudnn")))
     if analysis is None:
         return "FP32, TF32 matmuls" if allowed[0] else "FP32"

@@ -319,6 +319,7 @@ def tf32_analysis(tmp_path) -> dict:
     ({"tf32_matmul": True, "tf32_cudnn": True}, "FP32, TF32 matmuls and convolutions"),
     ({}, "FP32, TF32 kernels"),  # a summary from before the harness recorded the settings
     ({"autocast_dtype": "bfloat16", "tf32_cudnn": True}, "BF16 autocast"),
+    ({"dtype": "bfloat16", "tf32_cudnn": True}, "BF16 weights"),  # a model cast to serve it
 ])
 def test_precision_says_tf32_where_the_trace_ran_it(tmp_path, config, label):
     analysis = tf32_analysis(tmp_path)
@@ -336,3 +337,4 @@ def test_precision_says_fp32_where_no_tf32_kernel_ran(tmp_path):
     assert compare.precision(allowed, {"gpu": None}) == "FP32"  # a CPU run
     assert compare.precision(allowed) == "FP32"
     assert compare.precision({"config": {"tf32_matmul": True}}) == "FP32, TF32 matmuls"
+    assert compare.precision({"config": {"dtype": "float32"}}, analysis) == "FP32"  # a CPU's
