@@ -173,13 +173,16 @@ def headline(comparison: dict) -> str:
     memory"; "" where the runs have no timed summaries."""
     parts = []
     speedup, unit = comparison.get("speedup"), comparison.get("speedup_of")
-    if speedup is not None:
-        parts.append(f"{speedup:.2f}x more {unit}" if speedup >= 1
+    if speedup is not None:  # "the same" where it prints as 1.00x, as change_words says it
+        parts.append(f"the same {unit}" if f"{speedup:.2f}" == "1.00"
+                     else f"{speedup:.2f}x more {unit}" if speedup > 1
                      else f"{speedup:.2f}x the {unit} (slower)")
     latency = comparison.get("latency_ratio")
     if latency:  # lower is better: "3.40x lower p50 latency", or "1.20x higher ... (worse)"
-        parts.append(f"{1 / latency:.2f}x lower {comparison['latency_of']}" if latency <= 1
-                     else f"{latency:.2f}x higher {comparison['latency_of']} (worse)")
+        factor = 1 / latency if latency <= 1 else latency
+        parts.append(f"the same {comparison['latency_of']}" if f"{factor:.2f}" == "1.00"
+                     else f"{factor:.2f}x lower {comparison['latency_of']}" if latency <= 1
+                     else f"{factor:.2f}x higher {comparison['latency_of']} (worse)")
     memory = comparison.get("peak_memory_ratio")
     if memory is not None:
         parts.append(f"{memory:.2f}x the peak memory")

@@ -163,12 +163,13 @@ def report_section(report: str, demo: str) -> str:
 
 def headline_ratio(section: str, words: str) -> str:
     """The ratio the section's headline ("**11.30x more samples/s, 1.01x the peak memory**")
-    prints before `words`."""
+    prints before `words`; "1.00" where it says "the same samples/s"."""
     headline = re.search(r"^\*\*(.+)\*\*$", section, re.MULTILINE)
     assert headline, "the section has no headline in bold"
-    found = re.search(rf"([0-9.]+)x (?:more |the ){re.escape(words)}", headline.group(1))
+    found = re.search(rf"(?:([0-9.]+)x (?:more |the )|the same ){re.escape(words)}",
+                      headline.group(1))
     assert found, f"the headline {headline.group(1)!r} says nothing of {words}"
-    return found.group(1)
+    return found.group(1) or "1.00"
 
 
 def change_cell(section: str, label: str) -> str:

@@ -123,11 +123,12 @@ def test_the_analyzer_names_the_tokenize_region_of_bad_only(demos_smoke_out):
 
 
 @pytest.mark.parametrize("speedup, speedup_words", [
-    (2.0, "2.00x more requests/s"), (1.0, "1.00x more requests/s"),
+    (2.0, "2.00x more requests/s"), (1.0, "the same requests/s"),
+    (1.004, "the same requests/s"), (0.996, "the same requests/s"),  # both print as 1.00x
     (0.5, "0.50x the requests/s (slower)")])
 @pytest.mark.parametrize("latency_ratio, latency_words", [
     (0.25, "4.00x lower p50 latency"),  # lower is better: the factor is old over new
-    (1.0, "1.00x lower p50 latency"),  # no change is not worse
+    (1.0, "the same p50 latency"),  # no change is neither better nor worse
     (4.0, "4.00x higher p50 latency (worse)")])
 def test_the_headline_says_which_way_each_number_went(speedup, speedup_words, latency_ratio,
                                                       latency_words):
@@ -141,8 +142,10 @@ def test_the_headline_says_which_way_each_number_went(speedup, speedup_words, la
 # compare.headline's two parts for a serving pair: "<n>x more requests/s" or "<n>x the
 # requests/s (slower)", then "<n>x lower p50 latency" or "<n>x higher p50 latency (worse)".
 SERVING_HEADLINE = re.compile(
-    r"(?P<speedup>\d+\.\d\d)x (?P<throughput>more requests/s|the requests/s \(slower\)), "
-    r"(?P<latency>\d+\.\d\d)x (?P<way>lower|higher) p50 latency(?P<worse> \(worse\))?")
+    r"(?:(?P<speedup>\d+\.\d\d)x (?P<throughput>more requests/s|the requests/s \(slower\))"
+    r"|the same requests/s), "
+    r"(?:(?P<latency>\d+\.\d\d)x (?P<way>lower|higher) p50 latency(?P<worse> \(worse\))?"
+    r"|the same p50 latency)")
 PRINTED_ROUNDING = 0.005 + 1e-9  # a ratio printed with two decimals is off by at most 0.005
 
 
@@ -163,18 +166,25 @@ def test_compare_rates_the_pair_by_requests_and_latency(demos_smoke_out):
     words = SERVING_HEADLINE.fullmatch(compare.headline(comparison))
     assert words, compare.headline(comparison)
     # requests/s: the ratio itself, either way; a number printed above (below) 1.00 is one
-    # above (below) 1, so the words are "more" ("the ... (slower)"); at 1.00 either may stand.
-    printed = float(words["speedup"])
-    assert printed == pytest.approx(speedup, abs=PRINTED_ROUNDING)
-    if printed != 1.0:
+    # above (below) 1, so the words are "more" ("the ... (slower)"); one that would print as
+    # 1.00 reads "the same".
+    if words["speedup"] is None:
+        assert f"{speedup:.2f}" == "1.00"
+    else:
+        printed = float(words["speedup"])
+        assert printed == pytest.approx(speedup, abs=PRINTED_ROUNDING) and printed != 1.0
         assert words["throughput"].startswith("more") == (printed > 1.0)
     # Latency: a factor of at least 1 either way, new over old when higher, old over new when
     # lower; "(worse)" goes with higher.
-    printed = float(words["latency"])
-    assert printed >= 1.0
-    assert printed == pytest.approx(latency if words["way"] == "higher" else 1 / latency,
-                                    abs=PRINTED_ROUNDING)
-    assert bool(words["worse"]) == (words["way"] == "higher")
+    factor = max(latency, 1 / latency)
+    if words["latency"] is None:
+        assert f"{factor:.2f}" == "1.00"
+    else:
+        printed = float(words["latency"])
+        assert printed > 1.0
+        assert printed == pytest.approx(factor, abs=PRINTED_ROUNDING)
+        assert words["way"] == ("higher" if latency > 1 else "lower")
+        assert bool(words["worse"]) == (words["way"] == "higher")
 
 
 def test_without_tokenizers_the_pair_stops_in_one_line():
