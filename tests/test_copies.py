@@ -198,7 +198,7 @@ def test_dataloader_workers_on_the_h100_pageable_then_pinned():
     assert fixed["gb_per_s"] == pytest.approx(hand_rate(fixed_path,
                                                         "Memcpy HtoD (Pinned -> Device)"))
     assert bad["gb_per_s"] == pytest.approx(7.78, abs=0.01)
-    assert fixed["gb_per_s"] == pytest.approx(53.99, abs=0.01)
+    assert fixed["gb_per_s"] == pytest.approx(54.38, abs=0.01)  # the 2026-11-27 run
 
 
 def shared(name: str) -> dict:
