@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.idle_causes import enqueues_nothing
+from common.idle_causes import enqueues_nothing, is_compile_work, names_where
 from common.intervals import Spans, concat, merge, union_in
 from common.trace_columns import TraceColumns
 from common.trace_steps import US_PER_MS, self_time_us
@@ -38,11 +38,15 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
     """A CPU-only trace's operators in the host window: per step, how many and their self time;
     the median operator's self time; the share of the window in short operators' self time
     (CPU_SHORT_OP_US) and outside every operator. `held`: time another cause already names (the
-    DataLoader's spans, the host regions, collective calls), not counted as outside operators."""
+    DataLoader's spans, the host regions, collective calls), not counted as outside operators.
+    torch.compile's compiling ranges (torch 2.14 writes them as operators) are no operators:
+    their time is compiling, which `compiled` and `initialization` name, held as well."""
     low, high = host_window
     span = high - low
     ops = columns.cpu_ops
-    ours = operators(columns)
+    compiling = names_where(columns.cpu_op_names, is_compile_work)
+    held = concat(held, Spans(ops.start[compiling], ops.end[compiling]))
+    ours = operators(columns) & ~compiling
     in_window = ours & (ops.start >= low) & (ops.start < high)
     self_us = self_time_us(Spans(ops.start[ours], ops.end[ours]), columns.cpu_op_thread[ours])
     self_us = self_us[in_window[ours]]

@@ -274,3 +274,21 @@ def test_no_shared_trace_has_compiled_regions_or_a_compile_verdict():
         result = analyze.analyze_trace(path)
         assert result["compiled"] is None, path.name
         assert not fired(result) & {"recompiles", "graph_breaks"}, path.name
+
+
+def test_compiling_in_a_cpu_step_is_no_operator(tmp_path):
+    """A recompile inside a recorded step of a CPU trace: its compiling ranges (torch 2.14 writes
+    them as operators) are not operators to the CPU metrics: not among the most self time, not
+    counted a step, and their time is not "outside every operator" either (compiling names it).
+    The fake tensors made while tracing stay operators."""
+    calls = [[dict(frame=0, compile_id=0)]] * 4
+    result = write(steps_of(calls, compile_in_step=1), tmp_path)
+    cpu = result["cpu"]
+    names = [name for name, _ in cpu["top_ops_ms_per_step"]]
+    assert not [name for name in names if "compile" in name], names
+    quiet = write(steps_of(calls), tmp_path, "quiet.json")["cpu"]
+    # the same operators a step but the one aten::empty made while tracing (4 steps)
+    assert cpu["ops_per_step"] == pytest.approx(quiet["ops_per_step"] + 1 / 4)
+    # 200 ms of compiling in a window of about 204 ms: none of it outside operators
+    assert cpu["outside_ops_pct"] < quiet["outside_ops_pct"]
+    assert result["compiled"]["compiling_ms"] == pytest.approx(200.0)  # where it is named
