@@ -107,7 +107,15 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
     return "\n".join(lines)
 
 
+# Rows a pair's table adds after peak memory, where its lesson is a number the common rows lack:
+# the allocator's reserved memory beside the peak allocated, for the fragmentation pair.
+DEMO_EXTRA_ROWS = {"fragmentation": ("peak reserved MB",)}
+
+
 def demo_block(folder: Path, c: dict) -> str:
+    after_memory = DEMO_ROWS.index("peak memory MB") + 1
+    labels = (DEMO_ROWS[:after_memory] + DEMO_EXTRA_ROWS.get(c["demo"], ())
+              + DEMO_ROWS[after_memory:])
     rows = {row[0]: row[1:3] for row in compare.table_rows(c)}
     rows["batch"] = [str(c[v]["summary"].get("batch_size")) for v in VARIANTS]
     rows["precision"] = [compare.precision(c[v]["summary"], c[v]["analysis"]) for v in VARIANTS]
@@ -115,7 +123,7 @@ def demo_block(folder: Path, c: dict) -> str:
     return "\n".join([f"{compare.conditions(c)} (every number: [REPORT.md]({report})).", "",
                       "| | bad | fixed |", "|---|---:|---:|"]
                      + [f"| {label} | {rows[label][0]} | {rows[label][1]} |"
-                        for label in (*DEMO_ROWS, "batch", "precision") if label in rows])
+                        for label in (*labels, "batch", "precision") if label in rows])
 
 
 BEGIN_NOTES = {"demo": "do not edit",

@@ -516,3 +516,15 @@ def test_fragmentation_snapshots_show_the_allocator_setting(gpu):
         assert {s.get("is_expandable", False) for s in segments[variant]} == {
             variant == "fixed"}, variant
     assert len(segments["fixed"]) < len(segments["bad"])
+
+
+@pytest.mark.parametrize("gpu", [gpu for gpu, demo in PAIRS if demo == "fragmentation"])
+def test_fragmentation_walkthrough_table_shows_reserved(gpu):
+    """The pair's lesson is reserved beside allocated: its generated table has both peaks, as
+    the summaries hold them (compare's one decimal)."""
+    c = comparison(gpu, "fragmentation")
+    walkthrough = (ROOT / "demos" / "fragmentation" / "README.md").read_text()
+    for label, key in (("peak memory MB", "peak_memory_mb"),
+                       ("peak reserved MB", "peak_reserved_mb")):
+        bad, fixed = (c[v]["summary"][key] for v in compare.VARIANTS)
+        assert f"| {label} | {bad:.1f} | {fixed:.1f} |" in walkthrough, label
