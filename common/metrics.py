@@ -197,6 +197,13 @@ def optimizer_metrics(columns: TraceColumns, window: tuple[float, float], n_step
     inside[inside] = ~ops_named(columns, lambda n: name_role(n) == ROLE_REGION, inside)
     multi_tensor = ops_named(columns, lambda n: any(m in n for m in MULTI_TENSOR_MARKERS), inside)
     in_runtime = covered_length(merge(columns.runtime), region.start, region.end).sum()
+    # A per-tensor loop calls each of its update operators once per parameter tensor (AdamW's
+    # lerp_, addcmul_, sqrt, div, addcdiv_; SGD's add_): the call count most of its operator
+    # names share is the tensors, and its calls over that count the calls a tensor (ties: the
+    # smaller count, so SGD with momentum's mul_ once and add_ twice reads 3 calls a tensor).
+    _, per_name = np.unique(columns.cpu_op_names[inside].astype(str), return_counts=True)
+    counts, names_sharing = np.unique(per_name, return_counts=True)
+    tensors = int(counts[np.argmax(names_sharing)]) if counts.size else 0
     cpu_us = total(region) - float(in_runtime)
     gpu_us = union_in(columns.gpu_optimizer, *window)
     low, high = window
@@ -205,7 +212,9 @@ def optimizer_metrics(columns: TraceColumns, window: tuple[float, float], n_step
             "cpu_ms_per_step": cpu_us / US_PER_MS / n_steps,
             "gpu_ms_per_step": gpu_us / US_PER_MS / n_steps if columns.gpu_optimizer.size else None,
             "ops_per_step": float(inside.sum()) / n_steps,
-            "multi_tensor_ops_per_step": float(multi_tensor.sum()) / n_steps}
+            "multi_tensor_ops_per_step": float(multi_tensor.sum()) / n_steps,
+            "tensors_per_step": tensors / n_steps,
+            "calls_per_tensor": float(inside.sum()) / tensors if tensors else None}
 
 
 def attention_metrics(columns: TraceColumns, host_window: tuple[float, float],

@@ -9,6 +9,7 @@ import pytest
 from common import analyze
 from common.verdicts import (
     NAIVE_ATTENTION_MIN_SEQ,
+    UNFUSED_OPTIMIZER_CALLS_PER_TENSOR_MIN,
     UNFUSED_OPTIMIZER_MAX_US_PER_OP,
     UNFUSED_OPTIMIZER_MIN_PCT,
 )
@@ -19,10 +20,13 @@ STEP_US = 10_000.0
 
 
 def optimizer_trace(pct: float, ops: int, us_per_op: float, region: str = "optimizer",
-                    op_name: str = "aten::mul_", vocabulary: str = "current") -> KinetoTrace:
+                    op_name: str | tuple[str, ...] = "aten::mul_",
+                    vocabulary: str = "current") -> KinetoTrace:
     """Two CPU steps of STEP_US, each with an optimizer region of pct % of it holding `ops`
     operators spaced evenly, each lasting us_per_op (the region's time over its ops is then
-    pct % x STEP_US / ops; us_per_op only sets the ops' own length)."""
+    pct % x STEP_US / ops; us_per_op only sets the ops' own length). Several names: a loop over
+    tensors calling them in turn, each tensor's calls in that order."""
+    names = (op_name,) if isinstance(op_name, str) else op_name
     t = KinetoTrace(vocabulary=vocabulary)
     for index in range(2):
         at = T0 + index * STEP_US
@@ -32,7 +36,7 @@ def optimizer_trace(pct: float, ops: int, us_per_op: float, region: str = "optim
         region_at = at + STEP_US - region_us - 1
         t.annotation(region, region_at, region_us)
         for k in range(ops):
-            t.op(op_name, region_at + k * region_us / ops, us_per_op)
+            t.op(names[k % len(names)], region_at + k * region_us / ops, us_per_op)
     return t
 
 
@@ -69,6 +73,40 @@ def test_unfused_optimizer_per_op_threshold(tmp_path):
     over = round(region_us / (UNFUSED_OPTIMIZER_MAX_US_PER_OP + 0.5))  # 146 ops: 20.5 µs each
     assert ids(tmp_path, optimizer_trace(30, under, 5)) == ["unfused_optimizer"]
     assert ids(tmp_path, optimizer_trace(30, over, 5)) == []  # the time is bytes, not overhead
+
+
+# One tensor's calls in a for-loop AdamW (torch.optim's _single_tensor_adamw, as the ladder's
+# rung 4 records it, the copies they nest aside), and in SGD with momentum.
+ADAMW_LOOP = ("aten::mul_", "aten::lerp_", "aten::mul_", "aten::addcmul_", "aten::sqrt",
+              "aten::div", "aten::add_", "aten::addcdiv_")
+SGD_MOMENTUM_LOOP = ("aten::mul_", "aten::add_", "aten::add_")
+
+
+@pytest.mark.parametrize("loop, fires", [
+    (ADAMW_LOOP, True),  # 8 calls a tensor: passes a fused kernel makes one
+    (SGD_MOMENTUM_LOOP, True),  # 3: the threshold
+    (("aten::mul_", "aten::add_"), False),  # 2 (each name once a tensor)
+    (("aten::add_",), False),  # plain SGD: one pass a tensor, its time the bytes
+])
+def test_unfused_optimizer_passes_per_tensor_over_the_per_op_cut(tmp_path, loop, fires):
+    """Operators slower than the per-operator cut (27 µs each, as the ladder's rung 4 measured
+    over ResNet-18's large tensors) still leave a fused kernel less to do where the loop calls
+    several per tensor: each reads and writes the whole tensor."""
+    region_us = STEP_US * 0.30
+    ops = round(region_us / 27.0) // len(loop) * len(loop)  # whole tensors
+    built = optimizer_trace(30, ops, 5, op_name=loop)
+    result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
+    optimizer = result["optimizer"]
+    assert optimizer["ms_per_step"] * 1000 / optimizer["ops_per_step"] > (
+        UNFUSED_OPTIMIZER_MAX_US_PER_OP)
+    assert optimizer["tensors_per_step"] == ops // len(loop)
+    assert optimizer["calls_per_tensor"] == pytest.approx(len(loop))
+    assert (found_ids(result) == ["unfused_optimizer"]) is fires
+    if fires:
+        evidence = next(f["evidence"] for f in result["findings"]
+                        if f["id"] == "unfused_optimizer")
+        assert f"{len(loop)} calls per parameter tensor ({ops // len(loop)} tensors)" in evidence
+    assert (len(loop) >= UNFUSED_OPTIMIZER_CALLS_PER_TENSOR_MIN) is fires
 
 
 def test_a_multi_tensor_op_or_no_region_silences_it(tmp_path):

@@ -55,7 +55,8 @@ RULE_CONSTANTS = {
                        "HOST_SYNC_IDLE_MIN_PCT"),
     "h2d_copy": ("H2D_MIN_PCT", "HOST_SYNC_PER_STEP_MIN", "HOST_SYNC_IDLE_MIN_PCT",
                  "H2D_PAGEABLE_MIN_PCT"),
-    "unfused_optimizer": ("UNFUSED_OPTIMIZER_MIN_PCT", "UNFUSED_OPTIMIZER_MAX_US_PER_OP"),
+    "unfused_optimizer": ("UNFUSED_OPTIMIZER_MIN_PCT", "UNFUSED_OPTIMIZER_MAX_US_PER_OP",
+                          "UNFUSED_OPTIMIZER_CALLS_PER_TENSOR_MIN"),
     "ddp_sync": ("DDP_SYNCED_MICRO_BATCHES_MIN",),
     "naive_attention": ("NAIVE_ATTENTION_MIN_SEQ",),
 }
