@@ -586,9 +586,13 @@ def conditions(comparison: dict) -> str:
     batch = (str(bad.get("batch_size")) if bad.get("batch_size") == fixed.get("batch_size")
              else f"{bad.get('batch_size')} ({labels[0]}) / {fixed.get('batch_size')} "
                   f"({labels[1]})")
+    # One run date, the first variant's, where both ran the same day; else each its own (a
+    # variant run again on a later day: the H100 reference's dataloader_workers/fixed).
+    when = [summary.get("created_utc") or "n/a" for summary in (bad, fixed)]
+    run = (f"run {when[0]}" if when[0][:10] == when[1][:10]
+           else f"runs {when[0]} ({labels[0]}) and {when[1]} ({labels[1]})")
     return (f"{bad.get('device')} ({bad.get('device_name')}), torch {bad.get('torch_version')}, "
-            f"preset {bad.get('preset')}, batch {batch}, {bad.get('steps')} timed steps, "
-            f"run {bad.get('created_utc', 'n/a')}")
+            f"preset {bad.get('preset')}, batch {batch}, {bad.get('steps')} timed steps, {run}")
 
 
 def notes(comparison: dict) -> list[str]:

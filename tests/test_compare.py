@@ -338,3 +338,17 @@ def test_precision_says_fp32_where_no_tf32_kernel_ran(tmp_path):
     assert compare.precision(allowed) == "FP32"
     assert compare.precision({"config": {"tf32_matmul": True}}) == "FP32, TF32 matmuls"
     assert compare.precision({"config": {"dtype": "float32"}}, analysis) == "FP32"  # a CPU's
+
+
+@pytest.mark.parametrize("fixed_created, said", [
+    ("2026-11-22T21:02:11+00:00", "run 2026-11-22T20:35:59+00:00"),  # one run: the first's
+    ("2026-11-27T04:12:40+00:00",
+     "runs 2026-11-22T20:35:59+00:00 (bad) and 2026-11-27T04:12:40+00:00 (fixed)"),
+])
+def test_conditions_name_each_run_date_where_the_variants_ran_on_different_days(fixed_created,
+                                                                                  said):
+    summary = {"device": "cuda", "device_name": "GPU", "torch_version": "2.11.0", "preset": "cuda",
+               "batch_size": 256, "steps": 60, "created_utc": "2026-11-22T20:35:59+00:00"}
+    comparison = {"variants": ["bad", "fixed"], "bad": {"summary": summary},
+                  "fixed": {"summary": dict(summary, created_utc=fixed_created)}}
+    assert compare.conditions(comparison).endswith(f"60 timed steps, {said}")
