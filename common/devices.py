@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,43 @@ def note_cpu_bf16(run: Run) -> None:
         run.notes.append(f"without AMX both variants run the smaller {run.preset_name} preset "
                          f"(2 blocks, 128 tokens, 4 steps): the slowdown is all there is to "
                          f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
+
+
+MB_PER_GB = 1000.0  # decimal, as MB are in every output (trace.BYTES_PER_MB)
+
+
+def cap_cuda_memory(device: torch.device, budget_mb: float) -> None:
+    """Cap the CUDA caching allocator at `budget_mb` (torch.cuda.set_per_process_memory_fraction
+    of the GPU's memory): a step that needs more raises OutOfMemoryError, which the harness
+    reports in one line. A budget above the GPU's memory is an error."""
+    total_mb = torch.cuda.get_device_properties(device).total_memory / 1e6
+    if budget_mb > total_mb:
+        fail(f"--memory-budget-gb {budget_mb / MB_PER_GB:g}: above this GPU's "
+             f"{total_mb / MB_PER_GB:.1f} GB")
+    torch.cuda.set_per_process_memory_fraction(budget_mb / total_mb, device)
+
+
+def peak_resident_mb() -> float:
+    """The process's peak resident memory so far (getrusage's ru_maxrss: KiB on Linux, bytes on
+    macOS): every byte the training process touched, Python and PyTorch's own ~0.3-0.5 GB
+    included; not its DataLoader workers'."""
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (maxrss if sys.platform == "darwin" else maxrss * 1024) / 1e6
+
+
+def memory_budget_check(run: Run, peak_reserved_mb: float | None) -> dict | None:
+    """With --memory-budget-gb: the budget, the peak held against it, what that peak is, and
+    whether it fits. On a GPU the allocator's peak reserved (the cap enforced it: a run that
+    needed more stopped); on a CPU the process's peak resident memory, which the budget does
+    not enforce."""
+    if run.memory_budget_mb is None:
+        return None
+    if run.is_cuda:
+        peak, of = peak_reserved_mb, "reserved by the CUDA caching allocator"
+    else:
+        peak, of = peak_resident_mb(), "the process's resident memory (ru_maxrss)"
+    return {"budget_mb": run.memory_budget_mb, "peak_mb": peak, "peak_of": of,
+            "fits": peak is not None and peak <= run.memory_budget_mb}
 
 
 def require_cuda_graphs(run: Run) -> None:

@@ -37,6 +37,8 @@ from common import distributed, presets, trace
 from common.devices import (
     CPU_BF16_MATRIX_UNIT_FLAG,
     KINETO_LOG_LEVEL_CPU,
+    MB_PER_GB,
+    cap_cuda_memory,
     cpu_native_bf16_flags,
     device_name,
     note_cpu_bf16,
@@ -46,7 +48,7 @@ from common.devices import (
 )
 from common.devices import full_fp32_matmuls as full_fp32_matmuls
 from common.devices import require_compile_toolchain as require_compile_toolchain
-from common.profiling import CPROFILE_ROWS, measure
+from common.profiling import CPROFILE_ROWS, measure, stop_on_out_of_memory
 from common.profiling import profile_loop as profile_loop
 from common.runs import (
     CPROFILE_FILE,
@@ -74,6 +76,16 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
     return value
 
 
@@ -112,6 +124,12 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                              f"profiled steps (torch.cuda.memory._record_memory_history) and write "
                              f"{MEMORY_SNAPSHOT_FILE} beside the trace; on by default for "
                              f"{', '.join(sorted(MEMORY_SNAPSHOT_DEMOS_CUDA))}")
+    parser.add_argument("--memory-budget-gb", type=positive_float, default=None, metavar="GB",
+                        help="the memory the run may use, in GB (10^9 bytes): on a CUDA GPU the "
+                             "caching allocator is capped at it, and a run that needs more stops "
+                             "with one line; on a CPU the run checks its peak resident memory "
+                             "against it (Python and PyTorch included) and says whether it fits "
+                             "(default: no budget)")
     return parser
 
 
@@ -149,6 +167,9 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
                                           ranks))
         device, backend, mode = distributed.join(device.type)
         dist_info = {"backend": backend, "world_size": distributed.world_size(), "mode": mode}
+    budget_mb = None if flags.memory_budget_gb is None else flags.memory_budget_gb * MB_PER_GB
+    if budget_mb is not None and device.type == "cuda":
+        cap_cuda_memory(device, budget_mb)
     name = presets.preset_name(device.type, flags.smoke, demo,
                                bf16_matrix_units=device.type != "cpu"
                                or CPU_BF16_MATRIX_UNIT_FLAG in cpu_native_bf16_flags())
@@ -169,13 +190,16 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return Run(demo=demo, variant=variant, device=device, device_name=device_name(device),
-               preset_name=name, preset=preset, steps=flags.steps or preset.steps,
-               seed=seed, out_dir=Path(flags.out) / demo / variant, rank=rank,
-               world_size=world_size, distributed=dist_info, with_stack=flags.with_stack,
-               cprofile=flags.cprofile, compile_log=compile_log,
-               memory_snapshot=device.type == "cuda" and (flags.memory_snapshot
-                                                          or demo in MEMORY_SNAPSHOT_DEMOS_CUDA))
+    run = Run(demo=demo, variant=variant, device=device, device_name=device_name(device),
+              preset_name=name, preset=preset, steps=flags.steps or preset.steps,
+              seed=seed, out_dir=Path(flags.out) / demo / variant, rank=rank,
+              world_size=world_size, distributed=dist_info, with_stack=flags.with_stack,
+              cprofile=flags.cprofile, compile_log=compile_log,
+              memory_snapshot=device.type == "cuda" and (flags.memory_snapshot
+                                                         or demo in MEMORY_SNAPSHOT_DEMOS_CUDA),
+              memory_budget_mb=budget_mb)
+    stop_on_out_of_memory(run)
+    return run
 
 
 def forever(loader: Iterable) -> Iterator:

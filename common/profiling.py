@@ -11,11 +11,13 @@ import os
 import pstats
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -30,11 +32,13 @@ from torch.profiler import (
 from common import distributed, presets, tensorboard_compat, trace, trace_columns
 from common.devices import (
     KINETO_LOG_LEVEL_CPU,
+    MB_PER_GB,
     device_name,
     dynamo_frames_compiled,
     dynamo_report,
     finish_compile_log,
     flops_achieved,
+    memory_budget_check,
     tf32_in_force,
 )
 from common.runs import (
@@ -252,12 +256,40 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
         distributed.leave()
         return summary
     except torch.cuda.OutOfMemoryError:
-        clear_run_dir(run.out_dir)
-        total_gib = torch.cuda.get_device_properties(run.device).total_memory / 2**30
-        fail(f"out of GPU memory: {run.demo}/{run.variant} with the {run.preset_name} preset "
-             f"(batch {run.batch_size}, {json.dumps(run.sizes)}) needs more than the "
-             f"{total_gib:.0f} GiB of {run.device_name}; run it on a GPU with more memory, or "
-             f"with --smoke (tiny sizes) to check that it runs")
+        out_of_memory(run)
+
+
+def out_of_memory(run: Run) -> NoReturn:
+    """Stop a run that ran out of GPU memory, or over its --memory-budget-gb, in one line with
+    exit code 2, leaving nothing in its run folder."""
+    clear_run_dir(run.out_dir)
+    what = (f"{run.demo}/{run.variant} with the {run.preset_name} preset (batch "
+            f"{run.batch_size}, {json.dumps(run.sizes)})")
+    if run.memory_budget_mb is not None:
+        fail(f"over the memory budget: {what} needs more than --memory-budget-gb "
+             f"{run.memory_budget_mb / MB_PER_GB:g} on {run.device_name}")
+    total_gib = torch.cuda.get_device_properties(run.device).total_memory / 2**30
+    fail(f"out of GPU memory: {what} needs more than the {total_gib:.0f} GiB of "
+         f"{run.device_name}; run it on a GPU with more memory, or with --smoke (tiny sizes) to "
+         f"check that it runs")
+
+
+def stop_on_out_of_memory(run: Run) -> None:
+    """Out of memory before the steps (a model whose weights alone exceed the budget) is also one
+    line and exit 2, not a traceback: a hook on uncaught exceptions, for this one kind."""
+    chained = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, torch.cuda.OutOfMemoryError):
+            try:
+                out_of_memory(run)
+            except SystemExit as stop:  # an exception hook cannot raise: leave with its code
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(stop.code)
+        chained(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def measure_steps(run: Run, step: Callable[[], None]) -> dict:
@@ -372,6 +404,8 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         **flops_achieved(run, step_ms_p50),
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
         "peak_reserved_mb": peak_reserved_mb,
+        # --memory-budget-gb: the budget, the peak held against it and whether it fits; else null
+        "memory_budget": memory_budget_check(run, peak_reserved_mb),
         # On a GPU: torch.cuda.memory_allocated and memory_reserved at each recorded step's end.
         "memory_by_step": memory_by_step,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,
@@ -473,6 +507,15 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
     return measure_steps(run, step)
 
 
+def budget_words(budget: dict) -> str:
+    """The budget check in a line: "memory budget 2 GB: fits, 1,234.5 MB at the peak (...)"."""
+    peak = budget["peak_mb"]
+    said = "n/a" if peak is None else f"{peak:,.1f} MB"
+    verdict = "fits" if budget["fits"] else "over it"
+    return (f"memory budget {budget['budget_mb'] / MB_PER_GB:g} GB: {verdict}, {said} at the "
+            f"peak, {budget['peak_of']}")
+
+
 def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
     peak = summary["peak_memory_mb"]
     wait = summary["data_wait_pct"]
@@ -498,6 +541,9 @@ def print_summary(run: Run, summary: dict, trace_path: Path) -> None:
     elif summary["tokens_per_s"] is not None:
         log(run, f"{summary['tokens_per_s']:.0f} real tokens/s | padding "
                  f"{summary['padding_pct']:.1f} % of the tokens computed")
+    budget = summary.get("memory_budget")
+    if budget:
+        log(run, budget_words(budget))
     log(run, f"config: {json.dumps(summary['config'])}")
     for note in summary["notes"]:
         log(run, f"note: {note}")

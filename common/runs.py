@@ -86,6 +86,9 @@ class Run:
     cprofile: bool = False
     # CUDA only: record the allocator's history over the profiled steps (MEMORY_SNAPSHOT_FILE).
     memory_snapshot: bool = False
+    # --memory-budget-gb, in MB: on a GPU the caching allocator is capped at it; on a CPU the
+    # process's peak resident memory is checked against it (devices.memory_budget_check).
+    memory_budget_mb: float | None = None
     # --compile-log: where torch.compile's structured log goes (TORCH_TRACE), and tlparse's report.
     compile_log: Path | None = None
     # torch.profiler records the ops of the thread that started it (and autograd's); a demo whose

@@ -102,6 +102,27 @@ def test_ladder_runs_every_rung_on_the_gpu(tmp_path):
         assert row["chain"] is None or row["chain"]["status"] != "skipped"  # nothing on a GPU
 
 
+def test_memory_budget_caps_the_allocator(tmp_path):
+    """--memory-budget-gb on a GPU: a budget the smoke run fits in is checked against the peak
+    reserved, which the cap keeps under it; one of 1 KB stops the run in one line, exit 2, with
+    nothing left in its run folder."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    script = [sys.executable, str(ROOT / "demos" / "item_sync" / "bad.py"), "--smoke",
+              "--device", "cuda", "--out", str(tmp_path)]
+    roomy = subprocess.run(script + ["--memory-budget-gb", "1"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+    assert roomy.returncode == 0, roomy.stdout[-3000:] + roomy.stderr[-3000:]
+    summary = json.loads((tmp_path / "item_sync" / "bad" / trace.SUMMARY_FILE).read_text())
+    budget = summary["memory_budget"]
+    assert budget["fits"] and 0 < budget["peak_mb"] == summary["peak_reserved_mb"] <= 1000
+    tight = subprocess.run(script + ["--memory-budget-gb", "0.000001"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+    assert tight.returncode == 2 and "Traceback" not in tight.stderr, tight.stderr[-3000:]
+    assert tight.stderr.startswith("error: over the memory budget: item_sync/bad")
+    assert not (tmp_path / "item_sync" / "bad" / trace.SUMMARY_FILE).exists()
+
+
 # Flat: growth under the memory_growth verdict's bound, a share of the steps' peak a step.
 FLAT_GROWTH_OF_PEAK = verdicts.MEMORY_GROWTH_MIN_PCT / 100
 KEPT_LOGITS_MIN = 0.99  # bad keeps its logits a step: 1 % below allows no more than rounding

@@ -70,7 +70,8 @@ def test_help_describes_the_demo_and_the_flags():
 
 
 def test_bad_flags_are_one_clear_error_with_exit_code_2():
-    for args in (["--steps", "0"], ["--device", "tpu"], ["--frobnicate"]):
+    for args in (["--steps", "0"], ["--device", "tpu"], ["--frobnicate"],
+                 ["--memory-budget-gb", "0"]):
         result = run_demo("dataloader_workers", "bad", *args)
         assert result.returncode == 2
         assert "Traceback" not in result.stderr

@@ -1,12 +1,17 @@
 """Harness units: flags, presets, device choice."""
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from common import devices, harness, presets, profiling, runs
+from tests.conftest import ROOT, read_summary, run_demo
 
 
 def test_defaults(monkeypatch):
@@ -221,3 +226,73 @@ def test_mixed_precision_runs_small_on_a_cpu_without_bf16_units(monkeypatch, tmp
         assert run.preset_name == expected
         assert run.preset == presets.PRESETS[demo][expected] and run.steps == run.preset.steps
     assert harness.setup(demo, "bad", ["--device", "cpu", "--smoke"]).preset_name == "smoke"
+
+
+# --- --memory-budget-gb ----------------------------------------------------------------------
+
+def cpu_run_with_budget(budget_mb: float | None) -> SimpleNamespace:
+    return SimpleNamespace(is_cuda=False, memory_budget_mb=budget_mb)
+
+
+def test_memory_budget_check_on_a_cpu_holds_the_resident_peak_against_it():
+    """On a CPU the budget is checked, not enforced: the process's peak resident memory (which
+    only grows) against it, either way; no budget, no check."""
+    peak = devices.peak_resident_mb()
+    assert peak > 0
+    roomy = devices.memory_budget_check(cpu_run_with_budget(10 * peak), None)
+    tight = devices.memory_budget_check(cpu_run_with_budget(peak / 10), None)
+    assert roomy["fits"] and not tight["fits"]
+    assert tight["peak_mb"] >= peak and "ru_maxrss" in tight["peak_of"]
+    assert devices.memory_budget_check(cpu_run_with_budget(None), None) is None
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "abc"])
+def test_memory_budget_must_be_a_positive_number(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a number > 0"):
+        harness.positive_float(text)
+
+
+def test_a_cpu_run_over_its_budget_says_so_and_finishes(tmp_path):
+    """A CPU cannot enforce a budget: the run finishes, writes the check into its summary and
+    prints it (1 KB: any Python process is over it)."""
+    result = run_demo("item_sync", "bad", "--smoke", "--device", "cpu", "--memory-budget-gb",
+                      "0.000001", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    budget = read_summary(tmp_path, "item_sync", "bad")["memory_budget"]
+    assert budget["budget_mb"] == pytest.approx(0.001) and budget["fits"] is False
+    assert budget["peak_mb"] > budget["budget_mb"]
+    assert (f"memory budget 1e-06 GB: over it, {budget['peak_mb']:,.1f} MB at the peak, "
+            f"{budget['peak_of']}") in result.stdout
+
+
+OUT_OF_MEMORY_SCRIPT = """
+import sys, torch
+from common import harness
+run = harness.setup("item_sync", "bad", sys.argv[1:])
+def step():
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+if "--steps" in sys.argv:
+    harness.measure(run, step)
+raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+
+@pytest.mark.parametrize("where", ["before the steps", "in a step"])
+def test_out_of_memory_anywhere_is_one_line_exit_2_and_nothing_left(tmp_path, where):
+    """A CUDA out-of-memory error in the model's set-up (weights over the budget) or in a step
+    stops the script the same way: one line naming the budget, exit 2, no traceback, and the
+    run folder emptied of an earlier run's results. (Raised by hand: this machine has no GPU.)"""
+    stale = tmp_path / "item_sync" / "bad" / "summary.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    args = ["--smoke", "--device", "cpu", "--memory-budget-gb", "2", "--out", str(tmp_path)]
+    if where == "in a step":
+        args += ["--steps", "1"]
+    result = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY_SCRIPT, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: over the memory budget: item_sync/bad")
+    assert "--memory-budget-gb 2 on" in result.stderr
+    assert not stale.exists()
