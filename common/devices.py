@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from common import presets
+from common import presets, trace
 from common.runs import Run, clear_run_dir, fail
 
 # Kineto's log levels run VERBOSE 0 .. ERROR 4, USDT 5. On a machine with no GPU the CUDA build of
@@ -156,7 +156,7 @@ def cap_cuda_memory(device: torch.device, budget_mb: float) -> None:
     """Cap the CUDA caching allocator at `budget_mb` (torch.cuda.set_per_process_memory_fraction
     of the GPU's memory): a step that needs more raises OutOfMemoryError, which the harness
     reports in one line. A budget above the GPU's memory is an error."""
-    total_mb = torch.cuda.get_device_properties(device).total_memory / 1e6
+    total_mb = torch.cuda.get_device_properties(device).total_memory / trace.BYTES_PER_MB
     if budget_mb > total_mb:
         fail(f"--memory-budget-gb {budget_mb / MB_PER_GB:g}: above this GPU's "
              f"{total_mb / MB_PER_GB:.1f} GB")
@@ -168,7 +168,7 @@ def peak_resident_mb() -> float:
     macOS): every byte the training process touched, Python and PyTorch's own ~0.3-0.5 GB
     included; not its DataLoader workers'."""
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (maxrss if sys.platform == "darwin" else maxrss * 1024) / 1e6
+    return (maxrss if sys.platform == "darwin" else maxrss * 1024) / trace.BYTES_PER_MB
 
 
 def memory_budget_check(run: Run, peak_reserved_mb: float | None) -> dict | None:
