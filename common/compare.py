@@ -112,6 +112,11 @@ def ratio(new, old) -> float | None:
     return new / old if new is not None and old else None
 
 
+def prints_as_one(ratio: float) -> bool:
+    """A ratio that prints as 1.00x (two decimals): every output says "the same" for it."""
+    return f"{ratio:.2f}" == "1.00"
+
+
 def change_words(change: float | None, better: int = 0) -> str:
     """A ratio (new ÷ old) in words with its direction: "11.30x higher", "5.88x lower" (the
     old value over the new, so that both read as a factor above 1), "the same" where it prints
@@ -120,7 +125,7 @@ def change_words(change: float | None, better: int = 0) -> str:
     1000x": beyond it the digits say nothing a reader can use."""
     if change is None:
         return ""
-    if f"{change:.2f}" == "1.00":
+    if prints_as_one(change):
         return "the same"
     if change == 0:
         return "down to 0"
@@ -174,13 +179,13 @@ def headline(comparison: dict) -> str:
     parts = []
     speedup, unit = comparison.get("speedup"), comparison.get("speedup_of")
     if speedup is not None:  # "the same" where it prints as 1.00x, as change_words says it
-        parts.append(f"the same {unit}" if f"{speedup:.2f}" == "1.00"
+        parts.append(f"the same {unit}" if prints_as_one(speedup)
                      else f"{speedup:.2f}x more {unit}" if speedup > 1
                      else f"{speedup:.2f}x the {unit} (slower)")
     latency = comparison.get("latency_ratio")
     if latency:  # lower is better: "3.40x lower p50 latency", or "1.20x higher ... (worse)"
         factor = 1 / latency if latency <= 1 else latency
-        parts.append(f"the same {comparison['latency_of']}" if f"{factor:.2f}" == "1.00"
+        parts.append(f"the same {comparison['latency_of']}" if prints_as_one(factor)
                      else f"{factor:.2f}x lower {comparison['latency_of']}" if latency <= 1
                      else f"{factor:.2f}x higher {comparison['latency_of']} (worse)")
     memory = comparison.get("peak_memory_ratio")
