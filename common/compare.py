@@ -717,7 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                     "the parts of the step as per-step changes, and what still bounds the step. "
                     "LADDER_DIR: the ladder's rungs (rung0_baseline/, rung1_workers/, ...): "
                     "each rung's samples/s, its gain over the rung before and over rung 0, its "
-                    "verdicts, and whether its top verdict names the next rung's fix.",
+                    "verdicts, and whether its top verdict names the next rung's fix; the "
+                    "memory ladder's: each rung's peaks against the budget, whether it fits, "
+                    "and its samples/s.",
         epilog="Exit code 2 when a path holds no readable trace, when DEMO_DIR/bad or "
                "DEMO_DIR/fixed lacks a summary or a trace, or when a demo's two runs ran on a "
                "different device, machine, preset or torch version.")
@@ -734,6 +736,10 @@ def main(argv: list[str] | None = None) -> int:
     flags = parser.parse_args(argv)
     if len(flags.paths) > 2:
         parser.error(f"one DEMO_DIR or two runs (BEFORE AFTER), not {len(flags.paths)} paths")
+    if len(flags.paths) == 1 and ladder.is_memory_ladder(flags.paths[0]):
+        rows = ladder.memory_rows(flags.paths[0])
+        return analyze.print_output(json.dumps({"memory_ladder": rows}, indent=2) if flags.json
+                                    else ladder.format_memory_table(rows))
     if len(flags.paths) == 1 and ladder.is_ladder(flags.paths[0]):  # rungs, not a pair
         rows = ladder.ladder_rows(flags.paths[0])
         return analyze.print_output(json.dumps({"ladder": rows}, indent=2) if flags.json

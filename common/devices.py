@@ -149,7 +149,7 @@ def note_cpu_bf16(run: Run) -> None:
                          f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
 
 
-MB_PER_GB = 1000.0  # decimal, as MB are in every output (trace.BYTES_PER_MB)
+MB_PER_GB = trace.MB_PER_GB  # the harness imports it from here
 
 
 def cap_cuda_memory(device: torch.device, budget_mb: float) -> None:
@@ -171,17 +171,20 @@ def peak_resident_mb() -> float:
     return (maxrss if sys.platform == "darwin" else maxrss * 1024) / trace.BYTES_PER_MB
 
 
-def memory_budget_check(run: Run, peak_reserved_mb: float | None) -> dict | None:
+def memory_budget_check(run: Run, peak_reserved_mb: float | None,
+                        peak_resident_mb: float | None) -> dict | None:
     """With --memory-budget-gb: the budget, the peak held against it, what that peak is, and
     whether it fits. On a GPU the allocator's peak reserved (the cap enforced it: a run that
-    needed more stopped); on a CPU the process's peak resident memory, which the budget does
-    not enforce."""
+    needed more stopped); on a CPU the process's peak resident memory as the timed steps left it
+    (peak_resident_mb, read before the profiler's phase, whose own trace would count), which the
+    budget does not enforce."""
     if run.memory_budget_mb is None:
         return None
     if run.is_cuda:
         peak, of = peak_reserved_mb, "reserved by the CUDA caching allocator"
     else:
-        peak, of = peak_resident_mb(), "the process's resident memory (ru_maxrss)"
+        peak, of = peak_resident_mb, ("the process's resident memory (ru_maxrss) over the warm-up "
+                                      "and timed steps")
     return {"budget_mb": run.memory_budget_mb, "peak_mb": peak, "peak_of": of,
             "fits": peak is not None and peak <= run.memory_budget_mb}
 

@@ -129,7 +129,7 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                              "caching allocator is capped at it, and a run that needs more stops "
                              "with one line; on a CPU the run checks its peak resident memory "
                              "against it (Python and PyTorch included) and says whether it fits "
-                             "(default: no budget)")
+                             "(default: the preset's, which memory_ladder has; else no budget)")
     return parser
 
 
@@ -167,15 +167,16 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
                                           ranks))
         device, backend, mode = distributed.join(device.type)
         dist_info = {"backend": backend, "world_size": distributed.world_size(), "mode": mode}
-    budget_mb = None if flags.memory_budget_gb is None else flags.memory_budget_gb * MB_PER_GB
-    if budget_mb is not None and device.type == "cuda":
-        cap_cuda_memory(device, budget_mb)
     name = presets.preset_name(device.type, flags.smoke, demo,
                                bf16_matrix_units=device.type != "cpu"
                                or CPU_BF16_MATRIX_UNIT_FLAG in cpu_native_bf16_flags())
     preset = presets.PRESETS[demo][name]
     if batch_size is not None:
         preset = replace(preset, batch_size=batch_size)
+    budget_gb = flags.memory_budget_gb or preset.memory_budget_gb  # the flag, else the preset's
+    budget_mb = None if budget_gb is None else budget_gb * MB_PER_GB
+    if budget_mb is not None and device.type == "cuda":
+        cap_cuda_memory(device, budget_mb)
     world_size, rank = distributed.world_size(), distributed.rank()
     threads = presets.main_process_threads(device.type)
     if dist_info and device.type == "cpu":  # the ranks share the cores
@@ -217,11 +218,15 @@ def describe_loader(loader) -> dict:
 def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable,
                   autocast_dtype: torch.dtype | None = None,
-                  step_args: Callable[[], tuple] = tuple) -> Callable[[], None]:
+                  step_args: Callable[[], tuple] = tuple,
+                  micro_batches: int = 1) -> Callable[[], None]:
     """One training step in the four regions every trace shows: data, forward, backward,
     optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast.
     `step_args()` is called once a step, in the data region; what it returns follows the inputs
-    into the forward call: model(inputs, *step_args())."""
+    into the forward call: model(inputs, *step_args()). With `micro_batches` > 1 (gradient
+    accumulation), the batch runs forward and backward in that many micro-batches, each loss
+    divided by their number, and the optimizer steps once: the whole batch's gradients, with
+    the activations of one micro-batch at a time."""
     model.train()
 
     def precision():
@@ -237,10 +242,13 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
             inputs, targets = next_batch()
             args = step_args()
             run.data_wait_s += time.perf_counter() - fetch_started
-        with record_function("forward"), precision():
-            loss = loss_fn(model(inputs, *args), targets)
-        with record_function("backward"):  # outside autocast: backward follows the forward's dtypes
-            loss.backward()
+        for part, part_targets in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+            with record_function("forward"), precision():
+                loss = loss_fn(model(part, *args), part_targets)
+                if micro_batches > 1:  # the mean over the whole batch, a micro-batch at a time
+                    loss = loss / micro_batches
+            with record_function("backward"):  # outside autocast: follows the forward's dtypes
+                loss.backward()  # adds to the gradients of the micro-batches before
         with record_function("optimizer"):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -272,20 +280,23 @@ def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Opt
                     autocast_dtype: torch.dtype | None = None,
                     loss_fn: Callable = torch.nn.functional.cross_entropy,
                     token_counts: list[tuple[int, int]] | None = None,
-                    step_args: Callable[[], tuple] = tuple) -> dict:
+                    step_args: Callable[[], tuple] = tuple, micro_batches: int = 1) -> dict:
     """Train on (inputs, targets) batches that already sit on the device, taken in turn, so the
     measurement holds the model's step and nothing of data loading. With `autocast_dtype`, the
     forward pass and the loss run under torch.autocast in that dtype. `token_counts`: (real,
     padded) tokens of each batch, counted on the host as the batches are taken, so the summary
-    gains tokens_per_s (real tokens) and padding_pct. `step_args`: see training_step. Returns
+    gains tokens_per_s (real tokens) and padding_pct. `step_args` and `micro_batches`
+    (gradient accumulation; run.batch_size stays the whole batch): see training_step. Returns
     the summary."""
     cycle = itertools.cycle(batches)
     if token_counts is not None:
         cycle = counting_tokens(run, cycle, itertools.cycle(token_counts))
     run.config.update(data="staged on the device", staged_batches=len(batches),
                       autocast_dtype=autocast_name(run, autocast_dtype), **tf32_in_force())
+    if micro_batches > 1:  # batch_size stays the whole batch (ddp_no_sync's is one micro-batch)
+        run.config["accumulation_micro_batches"] = micro_batches
     return measure(run, training_step(run, model, optimizer, lambda: next(cycle), loss_fn,
-                                      autocast_dtype, step_args))
+                                      autocast_dtype, step_args, micro_batches))
 
 
 def autocast_name(run: Run, autocast_dtype: torch.dtype | None) -> str | None:

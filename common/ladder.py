@@ -2,14 +2,18 @@
 rung before. Reads a run folder of rungs (<out>/ladder/rung<K>_<fix>/, each a run as the
 harness writes it) and says, per rung: its speed, its gain over the rung before and over rung 0
 (the waterfall), its verdicts, and whether the analyzer's top verdict on it names the fix the
-next rung makes (the chain). `python -m common.compare <out>/ladder` prints it."""
+next rung makes (the chain). `python -m common.compare <out>/ladder` prints it.
+
+The memory ladder (demos/memory_ladder/) is read here too: per rung, whether it fits its memory
+budget, its peaks and its speed (memory_rows); a rung that ran out of memory at a GPU's cap left
+a record of it (trace.OUT_OF_MEMORY_FILE) in place of a trace."""
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
 
-from common import analyze, trace
+from common import analyze, presets, trace
 
 RUNG_FOLDER = re.compile(r"^rung(\d+)_(\w+)$")
 # The pair that teaches each rung's fix, which a verdict names (its "demo") when it names the fix.
@@ -25,18 +29,40 @@ CPU_SILENT_FIXES = {
 NOT_ACTIONABLE = ("initialization",)
 
 
-def rung_folders(folder: Path) -> list[tuple[int, str, Path]]:
-    """(K, fix, path) of each rung run in `folder` (a summary beside a trace), by K."""
+# The ladders whose lesson is a memory budget: those whose preset sets one (--memory-budget-gb's
+# default). Their rungs are read by memory_rows, and a rung may be a record of running out.
+MEMORY_LADDERS = frozenset(demo for demo, by_device in presets.PRESETS.items()
+                           if any(p.memory_budget_gb is not None for p in by_device.values()))
+MEMORY_RECORDS = (trace.SUMMARY_FILE, trace.OUT_OF_MEMORY_FILE)
+
+
+def rung_folders(folder: Path, records: tuple[str, ...] = (trace.SUMMARY_FILE,)
+                 ) -> list[tuple[int, str, Path]]:
+    """(K, fix, path) of each rung run in `folder` (one of `records` in it: a summary beside a
+    trace, by default), by K."""
     found = []
     for path in folder.iterdir() if folder.is_dir() else []:
         match = RUNG_FOLDER.match(path.name)
-        if match and (path / trace.SUMMARY_FILE).is_file():
+        if match and any((path / record).is_file() for record in records):
             found.append((int(match.group(1)), match.group(2), path))
     return sorted(found)
 
 
+def rung_record(path: Path) -> tuple[dict, bool]:
+    """A rung's summary and True, or its out-of-memory record and False (it did not run)."""
+    if (path / trace.SUMMARY_FILE).is_file():
+        return json.loads((path / trace.SUMMARY_FILE).read_text()), True
+    return json.loads((path / trace.OUT_OF_MEMORY_FILE).read_text()), False
+
+
+def is_memory_ladder(folder: Path) -> bool:
+    rungs = rung_folders(folder, MEMORY_RECORDS)
+    return len(rungs) >= 2 and rung_record(rungs[0][2])[0].get("demo") in MEMORY_LADDERS
+
+
 def is_ladder(folder: Path) -> bool:
-    return len(rung_folders(folder)) >= 2
+    """A speed ladder's run folder: two rung runs or more, not a memory ladder's."""
+    return len(rung_folders(folder)) >= 2 and not is_memory_ladder(folder)
 
 
 def top_finding(result: dict) -> dict | None:
@@ -114,4 +140,106 @@ def format_waterfall(rows: list[dict]) -> str:
             f"vs rung 0: {ratio_words(row['vs_first'])}")
         lines.append(f"{'':<24} verdicts: {', '.join(row['verdicts']) or 'none'}; top: {top}; "
                      f"chain: {chain_words(row['chain'])}")
+    return "\n".join(lines)
+
+
+# --- The memory ladder: which rungs fit the budget. ------------------------------------------
+
+def memory_rows(folder: Path) -> list[dict]:
+    """One row per rung of a memory ladder: rung, k, fix, device, device_name, batch_size,
+    micro_batches (gradient accumulation's; 1 without), dtype (the weights'), ran (False: it ran
+    out of memory at the cap, and its numbers are None), budget_mb, fits, peak_mb and peak_of
+    (the peak held against the budget, and what it is), peak_memory_mb (the summary's peak
+    memory: tensors), samples_per_s, and memory_vs_previous and speed_vs_previous (ratios of
+    peak_memory_mb and of samples/s to the rung before, where both ran)."""
+    rows = []
+    for k, fix, path in rung_folders(folder, MEMORY_RECORDS):
+        record, ran = rung_record(path)
+        budget, config = record["memory_budget"] or {}, record.get("config", {})
+        row = {"rung": path.name, "k": k, "fix": fix, "device": record["device"],
+               "device_name": record["device_name"], "batch_size": record["batch_size"],
+               "micro_batches": config.get("accumulation_micro_batches", 1),
+               "dtype": config.get("dtype", "float32"), "ran": ran,
+               "budget_mb": budget.get("budget_mb"), "fits": bool(budget.get("fits")),
+               "peak_mb": budget.get("peak_mb"), "peak_of": budget.get("peak_of"),
+               "peak_memory_mb": record.get("peak_memory_mb"),
+               "peak_memory_source": record.get("peak_memory_source"),
+               "samples_per_s": record.get("samples_per_s"), "error": record.get("error")}
+        before = rows[-1] if rows else None
+        row["memory_vs_previous"] = ratio(row["peak_memory_mb"],
+                                          before and before["peak_memory_mb"])
+        row["speed_vs_previous"] = ratio(row["samples_per_s"], before and before["samples_per_s"])
+        rows.append(row)
+    return rows
+
+
+def ratio(now: float | None, before: float | None) -> float | None:
+    return None if not now or not before else now / before
+
+
+def gb(mb: float) -> str:
+    """A budget in GB as the flag takes it: "0.9 GB", "16 GB"."""
+    return f"{mb / trace.MB_PER_GB:g} GB"
+
+
+def memory_words(ratio_: float | None) -> str:
+    """A change of peak memory with its direction: "0.50x the peak memory", "the same peak
+    memory" within rounding; "-" with nothing to compare."""
+    if ratio_ is None:
+        return "-"
+    if round(ratio_, 2) == 1:
+        return "the same peak memory"
+    return f"{ratio_:.2f}x the peak memory"
+
+
+def first_fitting(rows: list[dict]) -> dict | None:
+    """The first rung that fits its budget, from which every later one fits too; None if the
+    last rung does not fit."""
+    fitting = None
+    for row in reversed(rows):
+        if not row["fits"]:
+            break
+        fitting = row
+    return fitting
+
+
+def fits_words(row: dict) -> str:
+    if not row["ran"]:
+        return "out of memory at the cap"
+    return ("fits" if row["fits"] else "over the budget") + f", {row['peak_mb']:,.1f} MB"
+
+
+def format_memory_table(rows: list[dict]) -> str:
+    """The memory ladder as text: the budget and what is held against it, then a line per rung
+    (fits or not, its peak memory and its speed, each against the rung before), then the first
+    rung that fits."""
+    if not rows:
+        return "memory ladder: no rungs"
+    first = rows[0]
+    of = next((row["peak_of"] for row in rows if row["ran"]), first["peak_of"])
+    budgets = {row["budget_mb"] for row in rows}
+    said = (f"budget {gb(first['budget_mb'])}" if len(budgets) == 1 else "budgets differ: "
+            + ", ".join(f"{row['rung']} {gb(row['budget_mb'])}" for row in rows))
+    lines = [f"memory ladder: {len(rows)} rungs on {first['device']} ({first['device_name']}); "
+             f"{said}, held against {of}"]
+    for row in rows:
+        batch = f"batch {row['batch_size']}" + (f" in {row['micro_batches']} micro-batches"
+                                                if row["micro_batches"] > 1 else "")
+        if not row["ran"]:
+            lines.append(f"{row['rung']:<24} {fits_words(row)} | {batch} | no run: {row['error']}")
+            continue
+        memory = ("peak memory n/a" if row["peak_memory_mb"] is None
+                  else f"peak memory {row['peak_memory_mb']:,.1f} MB")
+        if row["memory_vs_previous"] is not None:
+            memory += f" (vs the rung before: {memory_words(row['memory_vs_previous'])})"
+        speed = f"{row['samples_per_s']:,.1f} samples/s"
+        if row["speed_vs_previous"] is not None:
+            speed += f" (vs the rung before: {ratio_words(row['speed_vs_previous'])})"
+        lines.append(f"{row['rung']:<24} {fits_words(row)} | {batch} | {memory} | {speed}")
+    fitting = first_fitting(rows)
+    lines.append("first rung that fits: " + (f"{fitting['rung']}" if fitting
+                                               else "none: the last rung is over the budget too"))
+    source = next((row["peak_memory_source"] for row in rows if row["ran"]), None)
+    if source:
+        lines.append(f"peak memory: {source}")
     return "\n".join(lines)

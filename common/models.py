@@ -186,53 +186,66 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 class AttentionBlock(torch.nn.Module):
-    """x + out(attention(q, k, v)) with q, k, v from one projection of layer_norm(x): self-attention
-    alone (no MLP), so the attention is most of the block's work. `attention(q, k, v)` takes and
-    returns [batch, heads, seq, head_dim]."""
+    """x + out(attention(q, k, v)) with q, k, v from one projection of layer_norm(x), then, with
+    `mlp_ratio`, x + a GELU MLP of mlp_ratio x d_model (pre-norm, as GPT-2); without it (0)
+    self-attention alone, so the attention is most of the block's work. `attention(q, k, v)`
+    takes and returns [batch, heads, seq, head_dim]."""
 
-    def __init__(self, d_model: int, heads: int, attention: Callable):
+    def __init__(self, d_model: int, heads: int, attention: Callable, mlp_ratio: int = 0):
         super().__init__()
         self.heads = heads
         self.norm = torch.nn.LayerNorm(d_model)
         self.qkv = torch.nn.Linear(d_model, 3 * d_model)
         self.out = torch.nn.Linear(d_model, d_model)
         self.attention = attention
+        self.mlp = None if not mlp_ratio else torch.nn.Sequential(
+            torch.nn.LayerNorm(d_model), torch.nn.Linear(d_model, mlp_ratio * d_model),
+            torch.nn.GELU(), torch.nn.Linear(mlp_ratio * d_model, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [batch, seq, d_model]
         batch, seq, d_model = x.shape
         qkv = self.qkv(self.norm(x)).view(batch, seq, 3, self.heads, d_model // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [batch, heads, seq, head_dim]
         y = self.attention(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        return x + self.out(y)
+        x = x + self.out(y)
+        return x if self.mlp is None else x + self.mlp(x)
 
 
 class AttentionLM(torch.nn.Module):
     """Token ids -> embedding + learned positions -> AttentionBlocks -> a linear head over the
-    vocabulary at every position."""
+    vocabulary at every position. `run_block(block, x)` runs each block: plain by default, a
+    demo may wrap it (activation checkpointing)."""
 
     def __init__(self, vocab: int, d_model: int, heads: int, blocks: int, seq_len: int,
-                 attention: Callable):
+                 attention: Callable, mlp_ratio: int = 0, run_block: Callable = call_block):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d_model)
         self.position = torch.nn.Parameter(torch.zeros(seq_len, d_model))
-        self.blocks = torch.nn.ModuleList(AttentionBlock(d_model, heads, attention)
+        self.blocks = torch.nn.ModuleList(AttentionBlock(d_model, heads, attention, mlp_ratio)
                                           for _ in range(blocks))
         self.norm = torch.nn.LayerNorm(d_model)
         self.head = torch.nn.Linear(d_model, vocab)
+        self.run_block = run_block
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [batch, seq] -> [batch, seq, vocab]
         x = self.embed(tokens) + self.position
         for block in self.blocks:
-            x = block(x)
+            x = self.run_block(block, x)
         return self.head(self.norm(x))
 
 
-def attention_lm(run, attention: Callable) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """AttentionLM sized by run.sizes (vocab, d_model, heads, blocks, seq_len) with this
-    attention function, and AdamW."""
+def attention_lm(run, attention: Callable, *, dtype: torch.dtype = torch.float32,
+                 run_block: Callable = call_block
+                 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """AttentionLM sized by run.sizes (vocab, d_model, heads, blocks, seq_len; mlp_ratio, 0 if
+    absent) with this attention function, its weights in `dtype`, and AdamW (whose state then
+    takes the same dtype). A dtype other than FP32 is recorded (run.config["dtype"])."""
     sizes = run.sizes
     model = AttentionLM(sizes["vocab"], sizes["d_model"], sizes["heads"], sizes["blocks"],
-                        sizes["seq_len"], attention).to(run.device)
+                        sizes["seq_len"], attention, sizes.get("mlp_ratio", 0),
+                        run_block).to(run.device, dtype)
+    if dtype != torch.float32:
+        run.config["dtype"] = str(dtype).removeprefix("torch.")
     return model, torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)
 
 

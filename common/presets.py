@@ -17,6 +17,9 @@ class Preset:
     # Steps the profiler records; None: the schedule's default (runs.PROFILE_ACTIVE_STEPS). A demo
     # whose lesson is a trend over the steps (memory growing) records more.
     recorded_steps: int | None = None
+    # The memory the run may use (--memory-budget-gb's default), for a demo whose lesson is a
+    # budget (memory_ladder); None: no budget unless the flag gives one.
+    memory_budget_gb: float | None = None
 
 
 # The ladder's first rungs train at this batch on every device: a first script's batch, before
@@ -149,6 +152,33 @@ PRESETS: dict[str, dict[str, Preset]] = {
         # 32 a step from rung 3 (16 before): tiny images, so a smoke rung still takes seconds.
         "smoke": Preset(batch_size=32, steps=2, warmup_steps=1,
                         sizes=dict(source_px=64, crop_px=32, num_classes=10, distinct_images=4)),
+    },
+    # The memory ladder: one model made to fit a memory budget a fix a rung (demos/memory_ladder/).
+    # Attention written out and a 4x MLP, so activations, not weights, fill the memory: per token
+    # and block about 16 d_model numbers of linear layers' activations beside heads x seq_len of
+    # the softmax kept for backward.
+    "memory_ladder": {
+        # 8 blocks of d_model 1024 (16 heads) over 16 x 2048 tokens: ~120 M weights (1.9 GB with
+        # FP32 gradients and AdamW state). One sequence's step at these sizes, on a CPU, grew the
+        # process by 3.96 GB in FP32, 1.79 GB in BF16 (rung 1): so rung 0 needs ~42 GB, rung 1
+        # ~18 GB, both over the 16 GB budget (a 16 GB card's, a cap on an 80 GB H100), and
+        # checkpointing (a block's activations at a time) should bring rung 2 to ~6 GB. Needs
+        # a CUDA GPU; not yet run on one.
+        "cuda": Preset(batch_size=16, steps=10, warmup_steps=2, memory_budget_gb=16.0,
+                       sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=8, seq_len=2048,
+                                  mlp_ratio=4)),
+        # A quarter of the width and half the depth over 8 x 1024 tokens: rung 0's tensors peak at
+        # 1.26 GB, its process at 2.34 GB resident, ~3.7 s a step on a 2-core Xeon. The budget,
+        # 0.9 GB with PyTorch's own ~0.5 GB in it, is one that only the last rung (0.83 GB)
+        # fits: every fix is needed.
+        "cpu": Preset(batch_size=8, steps=4, warmup_steps=1, memory_budget_gb=0.9,
+                      sizes=dict(vocab=1024, d_model=256, heads=4, blocks=4, seq_len=1024,
+                                 mlp_ratio=4)),
+        # Every rung fits, with room: the process alone is ~0.75 GB resident at these sizes, so a
+        # fit here would be PyTorch's size, not the rungs'. Tests read the table, not the fit.
+        "smoke": Preset(batch_size=4, steps=2, warmup_steps=1, memory_budget_gb=2.0,
+                        sizes=dict(vocab=64, d_model=32, heads=2, blocks=2, seq_len=128,
+                                   mlp_ratio=4)),
     },
     "recompiles": {
         # Early-exit training over 16 residual blocks 1024 wide, batch 256: depths 5..16 are 12

@@ -39,6 +39,7 @@ from common.devices import (
     finish_compile_log,
     flops_achieved,
     memory_budget_check,
+    peak_resident_mb,
     tf32_in_force,
 )
 from common.runs import (
@@ -261,13 +262,25 @@ def measure(run: Run, step: Callable[[], None]) -> dict:
 
 def out_of_memory(run: Run) -> NoReturn:
     """Stop a run that ran out of GPU memory, or over its --memory-budget-gb, in one line with
-    exit code 2, leaving nothing in its run folder."""
+    exit code 2, leaving nothing in its run folder but, over a budget, the record of it
+    (trace.OUT_OF_MEMORY_FILE): that it did not fit is the run's result."""
     clear_run_dir(run.out_dir)
     what = (f"{run.demo}/{run.variant} with the {run.preset_name} preset (batch "
             f"{run.batch_size}, {json.dumps(run.sizes)})")
     if run.memory_budget_mb is not None:
-        fail(f"over the memory budget: {what} needs more than --memory-budget-gb "
-             f"{run.memory_budget_mb / MB_PER_GB:g} on {run.device_name}")
+        error = (f"over the memory budget: {what} needs more than --memory-budget-gb "
+                 f"{run.memory_budget_mb / MB_PER_GB:g} on {run.device_name}")
+        if run.rank == 0:
+            record = {"demo": run.demo, "variant": run.variant, "device": run.device.type,
+                      "device_name": run.device_name, "torch_version": torch.__version__,
+                      "preset": run.preset_name, "batch_size": run.batch_size,
+                      "sizes": run.sizes, "config": run.config, "error": error,
+                      "memory_budget": {"budget_mb": run.memory_budget_mb, "peak_mb": None,
+                                        "peak_of": "out of memory at the cap", "fits": False},
+                      "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            (run.out_dir / trace.OUT_OF_MEMORY_FILE).write_text(json.dumps(record, indent=2)
+                                                               + "\n")
+        fail(error)
     total_gib = torch.cuda.get_device_properties(run.device).total_memory / 2**30
     fail(f"out of GPU memory: {what} needs more than the {total_gib:.0f} GiB of "
          f"{run.device_name}; run it on a GPU with more memory, or with --smoke (tiny sizes) to "
@@ -332,6 +345,9 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     if profiler:  # not in the profiled phase: cProfile and the profiler's Python tracer conflict
         profiler.enable()
     wall_s, step_ms = clocked_steps(run, step, run.steps, "timed")
+    # A CPU's peak for the budget, before the profiler's phase adds its events and our reading
+    # of its trace to the process
+    resident_mb = None if run.is_cuda or run.memory_budget_mb is None else peak_resident_mb()
     if profiler:
         profiler.disable()
         write_cprofile(run, profiler)
@@ -405,7 +421,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "peak_memory_mb": peak_mb, "peak_memory_source": peak_source,
         "peak_reserved_mb": peak_reserved_mb,
         # --memory-budget-gb: the budget, the peak held against it and whether it fits; else null
-        "memory_budget": memory_budget_check(run, peak_reserved_mb),
+        "memory_budget": memory_budget_check(run, peak_reserved_mb, resident_mb),
         # On a GPU: torch.cuda.memory_allocated and memory_reserved at each recorded step's end.
         "memory_by_step": memory_by_step,
         "config": run.config, "sizes": run.sizes, "trace_file": trace_path.name,

@@ -64,7 +64,9 @@ WHAT_CHANGED_NOTE = ("operators by self time, kernels by total time, the largest
 TIMELINE_ROWS = ("data", DATALOADER_REGION, "forward", "backward", "optimizer")
 
 
-PAIR, LADDER = "pair", "ladder"  # a section's kind: a bad and a fixed run, or a ladder's rungs
+# A section's kind: a bad and a fixed run, a ladder's rungs, or the memory ladder's (which fit)
+PAIR, LADDER, MEMORY_LADDER = "pair", "ladder", "memory_ladder"
+LADDER_KINDS = (LADDER, MEMORY_LADDER)
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Section:
     comparison: dict | None = None
     figures: list[tuple[str, Path]] = field(default_factory=list)  # (caption, png)
     kind: str = PAIR
-    ladder_rows: list[dict] | None = None  # a ladder's ladder.ladder_rows (kind LADDER, "ok")
+    # A ladder's ladder.ladder_rows (kind LADDER, "ok"), or ladder.memory_rows (MEMORY_LADDER)
+    ladder_rows: list[dict] | None = None
 
 
 # --- Plots. ---------------------------------------------------------------------------------------
@@ -373,6 +376,74 @@ def waterfall_figure(rows: list[dict], title: str):
     return fig
 
 
+# --- The memory ladder: each rung's peak against the budget. --------------------------------
+
+MEMORY_FITS_COLOR = VARIANT_COLORS["fixed"]  # a rung within the budget: green, as a fix
+MEMORY_OVER_COLOR = VARIANT_COLORS["bad"]  # over it: red
+# A rung that ran out of memory at a GPU's cap has no peak: its bar reaches past the budget line
+# by this share of the budget, hatched, to say "more than this" without a number.
+MEMORY_OUT_OF_MEMORY_REACH = 1.15
+MEMORY_WORDS_ROOM = 0.9  # the x axis runs past the largest bar by this share of it, for words
+# Behind the words beside each bar: a bar just short of the budget has its words across the
+# dashed line, and a white backing (no edge, a point of padding) keeps them unstruck.
+MEMORY_WORDS_BACKING = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
+
+
+def memory_ladder_bars(rows: list[dict]) -> list[dict]:
+    """What the memory ladder's chart draws, a bar per rung of ladder.memory_rows: its label
+    (rung, batch), where its bar ends (the peak held against the budget; a reach past the budget
+    for a rung that ran out of memory), whether it fits, and its words, as
+    ladder.format_memory_table says them."""
+    bars = []
+    for row in rows:
+        batch = f"batch {row['batch_size']}" + (f", {row['micro_batches']} micro-batches"
+                                                if row["micro_batches"] > 1 else "")
+        if row["ran"]:
+            memory = ("peak memory n/a" if row["peak_memory_mb"] is None
+                      else f"peak memory {row['peak_memory_mb']:,.1f} MB")
+            words = (f"{ladder.fits_words(row)}; {memory}",
+                     f"{row['samples_per_s']:,.1f} samples/s")
+            end = row["peak_mb"]
+        else:
+            words = ("out of memory at the cap", "no numbers")
+            end = row["budget_mb"] * MEMORY_OUT_OF_MEMORY_REACH
+        bars.append({"label": f"{row['rung']}\n({batch})", "end_mb": end, "ran": row["ran"],
+                     "fits": row["fits"], "words": "\n".join(words)})
+    return bars
+
+
+def memory_ladder_figure(rows: list[dict], title: str):
+    """The memory ladder's chart (memory_ladder_bars): a bar per rung, rung 0 on top, of the peak
+    held against the budget (green: it fits; red: over it; hatched red: out of memory at the
+    cap, no peak), the budget a dashed line, each rung's peaks and speed in words beside it."""
+    bars = memory_ladder_bars(rows)
+    budget = rows[0]["budget_mb"]
+    fig, ax = plt.subplots(figsize=(11, WATERFALL_EXTRA_IN + WATERFALL_ROW_IN * len(bars)))
+    right = max([bar["end_mb"] for bar in bars] + [budget]) * (1 + MEMORY_WORDS_ROOM)
+    legend = {}
+    for y, bar in enumerate(bars):
+        if not bar["ran"]:
+            legend["out of memory at the cap"] = ax.barh(
+                y, bar["end_mb"], fill=False, hatch="///", lw=0.8, edgecolor=MEMORY_OVER_COLOR)
+        else:
+            key = "fits the budget" if bar["fits"] else "over the budget"
+            legend[key] = ax.barh(y, bar["end_mb"], color=MEMORY_FITS_COLOR if bar["fits"]
+                                  else MEMORY_OVER_COLOR)
+        ax.text(bar["end_mb"] + WATERFALL_WORDS_PAD * right, y, bar["words"], va="center",
+                ha="left", fontsize=8, bbox=MEMORY_WORDS_BACKING)
+    legend[f"the budget, {ladder.gb(budget)}"] = ax.axvline(budget, color="#616161", lw=1.0,
+                                                            ls="--", zorder=0)
+    ax.set_yticks(range(len(bars)), [bar["label"] for bar in bars], fontsize=8)
+    ax.set_ylim(len(bars) - 0.5, -0.5)  # rung 0 on top
+    ax.set_xlim(0, right)
+    ax.tick_params(axis="x", labelsize=8)
+    of = next((row["peak_of"] for row in rows if row["ran"]), "")
+    ax.set_xlabel(f"MB at the peak: {of}", fontsize=8)
+    ax.legend(list(legend.values()), list(legend), fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10, loc="left")
+    return fig
+
+
 def format_mb(value: float) -> str:
     """Three significant figures at most, never an exponent (smoke runs allocate under 1 MB)."""
     return f"{value:.0f} MB" if value >= 100 else f"{value:.{1 if value >= 10 else 2}f} MB"
@@ -482,15 +553,22 @@ WATERFALL_CAPTION = ("The waterfall: samples/s at each rung (each rung's timed s
                      "over the rung before and over rung 0, and its top verdict")
 
 
+MEMORY_LADDER_CAPTION = ("Which rungs fit the memory budget: each rung's peak held against "
+                         "it (its warm-up and timed steps), its peak memory and its samples/s")
+
+
 def build_ladder_section(out_root: Path, name: str, figures_dir: Path, failed: bool = False,
                          since: datetime | None = None) -> Section:
     """A ladder's section: its rows (ladder.ladder_rows, every rung's trace analysed once) and
-    the waterfall chart; or, as a pair's, why there are no numbers (a rung failed in this run,
-    no ladder in the folder, a rung's summary older than `since`)."""
+    the waterfall chart, or the memory ladder's (build_memory_ladder_section); or, as a pair's,
+    why there are no numbers (a rung failed in this run, no ladder in the folder, a rung's
+    summary older than `since`)."""
     if failed:
         return Section(name, "failed", "a rung of this ladder failed in this run (see the log "
                                        "above the report); no numbers are shown", kind=LADDER)
     folder = out_root / name
+    if ladder.is_memory_ladder(folder):
+        return build_memory_ladder_section(folder, figures_dir, since)
     rungs = ladder.rung_folders(folder)
     if len(rungs) < 2:
         return Section(name, "missing", f"{folder}: no ladder (two rung runs or more, "
@@ -513,6 +591,24 @@ def build_ladder_section(out_root: Path, name: str, figures_dir: Path, failed: b
     return section
 
 
+def build_memory_ladder_section(folder: Path, figures_dir: Path,
+                                since: datetime | None = None) -> Section:
+    """The memory ladder's section: ladder.memory_rows (from each rung's summary, or its record
+    of running out of memory) and the chart of which rungs fit."""
+    for _, _, path in ladder.rung_folders(folder, ladder.MEMORY_RECORDS):
+        stale = stale_reason(path.name, ladder.rung_record(path)[0], since)
+        if stale:
+            return Section(folder.name, "stale", stale, kind=MEMORY_LADDER)
+    rows = ladder.memory_rows(folder)
+    section = Section(folder.name, "ok", kind=MEMORY_LADDER, ladder_rows=rows)
+    title = (f"{folder.name}: the peak held against the budget at each rung, each rung one fix "
+             f"after the one before ({rows[0]['device']})")
+    section.figures.append((MEMORY_LADDER_CAPTION,
+                            save(memory_ladder_figure(rows, title),
+                                 figures_dir / f"{folder.name}_fits.png")))
+    return section
+
+
 def leftover_pairs(out_root: Path, reported: list[str]) -> list[str]:
     """Pair folders under out_root that this report does not cover (earlier runs)."""
     return [demo for demo in compare.finished_pairs(out_root) if demo not in reported]
@@ -523,7 +619,8 @@ def leftover_ladders(out_root: Path, reported: list[str]) -> list[str]:
     if not Path(out_root).is_dir():
         return []
     return sorted(path.name for path in Path(out_root).iterdir()
-                  if path.name not in reported and ladder.is_ladder(path))
+                  if path.name not in reported
+                  and (ladder.is_ladder(path) or ladder.is_memory_ladder(path)))
 
 
 def demo_readme(demo: str, out_root: Path) -> str | None:
@@ -583,13 +680,21 @@ def summary_rows(sections: list[Section]) -> list[tuple[str, str, str, str]]:
 
 def ladder_summaries(sections: list[Section]) -> list[tuple[str, str]]:
     """One (name, the result in words) a ladder: its last rung against rung 0, as the
-    waterfall says it; a ladder without numbers says why."""
+    waterfall says it, or the memory ladder's first rung that fits; a ladder without numbers
+    says why."""
     found = []
     for section in sections:
-        if section.kind != LADDER:
+        if section.kind not in LADDER_KINDS:
             continue
         if section.status != "ok":
-            found.append((section.demo, f"no waterfall ({section.status})"))
+            found.append((section.demo, f"no {ladder_what(section)} ({section.status})"))
+            continue
+        if section.kind == MEMORY_LADDER:
+            rows = section.ladder_rows
+            fitting = ladder.first_fitting(rows)
+            budget = ladder.gb(rows[0]["budget_mb"])
+            found.append((section.demo, f"the first rung within the {budget} budget: "
+                                        f"{fitting['rung'] if fitting else 'none'}"))
             continue
         first, last = section.ladder_rows[0], section.ladder_rows[-1]
         found.append((section.demo, f"{last['rung']} vs {first['rung']}: "
@@ -601,6 +706,24 @@ LADDER_INTRO = ("One training script in rungs, each one fix after the rung befor
                 "samples/s (its timed steps), its gain over the rung before and over rung 0, its "
                 "verdicts, and whether its top verdict names the next rung's fix (the chain), as "
                 "`python -m common.compare` prints them for the ladder's folder")
+MEMORY_LADDER_INTRO = ("One model in rungs, each one fix after the rung before, against a memory "
+                       "budget: whether each rung fits it, its peaks and its samples/s, as "
+                       "`python -m common.compare` prints them for the ladder's folder")
+
+
+def ladder_what(section: Section) -> str:
+    return "table" if section.kind == MEMORY_LADDER else "waterfall"
+
+
+def ladder_text(section: Section) -> str:
+    """A ladder section's rows as compare prints them: the waterfall, or the memory table."""
+    if section.kind == MEMORY_LADDER:
+        return ladder.format_memory_table(section.ladder_rows)
+    return ladder.format_waterfall(section.ladder_rows)
+
+
+def ladder_intro(section: Section) -> str:
+    return MEMORY_LADDER_INTRO if section.kind == MEMORY_LADDER else LADDER_INTRO
 
 
 def split_rows(comparison: dict) -> tuple[list[tuple], list[tuple]]:
@@ -629,7 +752,7 @@ def render_markdown(sections: list[Section], out_root: Path, generated: str,
     lines += ["", TERMS]
     for section in sections:
         lines += ["", f"## {section.demo}", ""]
-        if section.kind == LADDER:
+        if section.kind in LADDER_KINDS:
             lines += ladder_markdown(section, out_root)
             continue
         if section.status != "ok":
@@ -671,11 +794,11 @@ def ladder_markdown(section: Section, out_root: Path) -> list[str]:
     """A ladder's section below its heading: what it is, the waterfall as compare prints it, and
     the chart; or why there are no numbers."""
     if section.status != "ok":
-        return [f"**No waterfall ({section.status}):** {section.reason}"]
+        return [f"**No {ladder_what(section)} ({section.status}):** {section.reason}"]
     readme = demo_readme(section.demo, out_root)
-    lines = [LADDER_INTRO + (f". Walkthrough: [{section.demo}/README.md]({readme})" if readme
-                             else "") + ".",
-             "", "```text", ladder.format_waterfall(section.ladder_rows), "```"]
+    lines = [ladder_intro(section) + (f". Walkthrough: [{section.demo}/README.md]({readme})"
+                                      if readme else "") + ".",
+             "", "```text", ladder_text(section), "```"]
     for caption, png in section.figures:
         lines += ["", f"![{caption}]({png.relative_to(out_root).as_posix()})", f"*{caption}*"]
     return lines
@@ -775,7 +898,7 @@ def render_html(sections: list[Section], out_root: Path, generated: str,
     parts.append(f"<p>{e(TERMS).replace('**', '').replace('*', '').replace('`', '')}</p>")
     for section in sections:
         parts.append(f"<h2 id=\"{e(section.demo)}\">{e(section.demo)}</h2>")
-        if section.kind == LADDER:
+        if section.kind in LADDER_KINDS:
             parts += ladder_html(section, out_root)
             continue
         if section.status != "ok":
@@ -827,13 +950,13 @@ def ladder_html(section: Section, out_root: Path) -> list[str]:
     """ladder_markdown, as HTML (the chart inline)."""
     e = html.escape
     if section.status != "ok":
-        return [f"<p class=\"failed\"><b>No waterfall ({e(section.status)}):</b> "
+        return [f"<p class=\"failed\"><b>No {ladder_what(section)} ({e(section.status)}):</b> "
                 f"{e(section.reason)}</p>"]
     readme = demo_readme(section.demo, out_root)
-    parts = [f"<p>{e(LADDER_INTRO.replace('`', ''))}"
+    parts = [f"<p>{e(ladder_intro(section).replace('`', ''))}"
              + (f". Walkthrough: <a href=\"{e(readme)}\">{e(section.demo)}/README.md</a>"
                 if readme else "") + ".</p>",
-             f"<pre>{e(ladder.format_waterfall(section.ladder_rows))}</pre>"]
+             f"<pre>{e(ladder_text(section))}</pre>"]
     parts += [f"<figure><img alt=\"{e(caption)}\" src=\"{data_uri(png)}\">"
               f"<figcaption>{e(caption)}</figcaption></figure>" for caption, png in section.figures]
     return parts
@@ -895,7 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
     if not flags.out.is_dir():
         print(f"report: {flags.out}: no such directory", file=sys.stderr)
         return 2
-    ladders = [name for name in flags.demos if ladder.is_ladder(flags.out / name)]
+    ladders = [name for name in flags.demos if ladder.is_ladder(flags.out / name)
+               or ladder.is_memory_ladder(flags.out / name)]
     pairs = [name for name in flags.demos if name not in ladders]
     markdown, page = (write_report(flags.out, pairs, ladders=ladders) if flags.demos
                       else write_report(flags.out))

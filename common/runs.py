@@ -155,7 +155,8 @@ def clear_run_dir(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in out_dir.iterdir():
         if path.is_file() and (path.name.endswith(trace.TRACE_SUFFIXES)
-                               or path.name in (trace.SUMMARY_FILE, KEY_AVERAGES_FILE,
+                               or path.name in (trace.SUMMARY_FILE, trace.OUT_OF_MEMORY_FILE,
+                                                KEY_AVERAGES_FILE,
                                                 CPROFILE_FILE, MEMORY_SNAPSHOT_FILE)
                                or RANK_FILE.fullmatch(path.name)):
             path.unlink()

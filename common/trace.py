@@ -25,9 +25,13 @@ except ImportError:  # pragma: no cover - a dependency; zlib where it is absent
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 BYTES_PER_MB = 1e6  # MB are decimal in every output (torch.cuda.memory_summary prints MiB)
+MB_PER_GB = 1000.0  # and GB (--memory-budget-gb), as MB are
 CPU_DEVICE_TYPE = 0  # "Device Type" of a [memory] event: 0 is the CPU, 1 is CUDA (c10::DeviceType)
 GZIP_MAGIC = b"\x1f\x8b"  # a gzip file's first two bytes, whatever the file is called
 SUMMARY_FILE = "summary.json"  # what a demo run writes beside its trace (common/profiling.py)
+# What a run over its --memory-budget-gb writes in place of a trace and summary: the budget, and
+# what ran out of memory (common/profiling.py); the memory ladder's table reads it.
+OUT_OF_MEMORY_FILE = "out_of_memory.json"
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step marker: record_function("ProfilerStep#N")
 # The spans PyTorch's DataLoader and DataPipes open around fetching a batch, as the TensorBoard
 # plugin recognises them: enumerate(DataLoader)#<iterator>.__next__, and enumerate(DataPipe)#...

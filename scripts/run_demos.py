@@ -15,6 +15,7 @@ traces/reference/ holds the committed reference runs: --out there is refused unl
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -60,6 +61,9 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed steps, passed to every script (default: each preset's)")
     parser.add_argument("--seed", type=int, default=None,
                         help="random seed, passed to every script (default: 0)")
+    parser.add_argument("--memory-budget-gb", type=float, default=None, metavar="GB",
+                        help="passed to every script: the memory a run may use (default: each "
+                             "preset's, which only memory_ladder has)")
     parser.add_argument("--with-stack", action="store_true",
                         help="passed to every script: record Python frames in the traces")
     parser.add_argument("--out", type=Path, default=ROOT / "traces",
@@ -69,6 +73,8 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     flags = parser.parse_args(argv)
     if flags.steps is not None and flags.steps < 1:
         parser.error(f"--steps must be a whole number >= 1, got {flags.steps}")
+    if flags.memory_budget_gb is not None and not flags.memory_budget_gb > 0:
+        parser.error(f"--memory-budget-gb must be a number > 0, got {flags.memory_budget_gb}")
     if flags.out.resolve().is_relative_to(REFERENCE_DIR) and not flags.update_reference:
         parser.error(f"--out {flags.out} is inside traces/reference/, the committed reference "
                      f"runs; write to traces/<your_gpu> instead, or add --update-reference to "
@@ -85,9 +91,17 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
     command = [sys.executable, str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
                "--out", str(flags.out)] + (["--smoke"] if flags.smoke else [])
     command += ["--with-stack"] if flags.with_stack else []
-    command += [arg for flag, value in (("--steps", flags.steps), ("--seed", flags.seed))
+    command += [arg for flag, value in (("--steps", flags.steps), ("--seed", flags.seed),
+                                        ("--memory-budget-gb", flags.memory_budget_gb))
                 if value is not None for arg in (flag, str(value))]
-    return subprocess.run(command, cwd=ROOT).returncode == 0
+    started = datetime.now(timezone.utc).replace(microsecond=0)  # created_utc: whole seconds
+    returncode = subprocess.run(command, cwd=ROOT).returncode
+    # A rung over its memory budget on a GPU stops at the cap (exit code 2) and leaves a record of
+    # it, this run's: the memory ladder's result for that rung, not a failure.
+    record = flags.out / demo / variant / trace.OUT_OF_MEMORY_FILE
+    over_budget = (record.is_file()
+                   and (report.created(json.loads(record.read_text())) or started) >= started)
+    return returncode == 0 or (returncode == 2 and over_budget)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                                      since=run_started, ladders=ladders)
     print("\n=== comparison")
     for section in sections:
-        is_ladder = section.kind == report.LADDER
-        what = "waterfall" if is_ladder else "comparison"
+        is_ladder = section.kind in report.LADDER_KINDS
+        what = report.ladder_what(section) if is_ladder else "comparison"
         if section.status == "ok":
-            print("\n" + (ladder.format_waterfall(section.ladder_rows) if is_ladder
+            print("\n" + (report.ladder_text(section) if is_ladder
                           else compare.format_text(section.comparison)))
         elif section.demo in failed_demos:
             print(f"\n{section.demo}: no {what} (a run failed)")

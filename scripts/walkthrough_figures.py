@@ -16,7 +16,10 @@ trace's [memory] events.
 The optimization ladder (demos/ladder/, its rungs' runs in <reference>/ladder/rung<K>_<fix>/) is
 drawn the same way, its first rung in bad's place and its last (every fix) in fixed's; and beside
 it demos/ladder/waterfall.png, a bar of samples/s per rung (common/report.py's waterfall_figure,
-which the report draws too).
+which the report draws too). The memory ladder (demos/memory_ladder/) is drawn so too, with memory
+allocated under its two rungs (rung 0 as first written, the last with every fix), and beside it
+demos/memory_ladder/fits.png, each rung's peak held against the memory budget
+(common/report.py's memory_ladder_figure, which the report draws too).
 
 Every number in a title is one that `python -m common.compare` or `python -m common.analyze`
 prints for the run, as they print it (one decimal for a percentage): the step p50, throughput,
@@ -29,6 +32,7 @@ Examples:
   .venv/bin/python scripts/walkthrough_figures.py                  every demo, into demos/
   .venv/bin/python scripts/walkthrough_figures.py item_sync --out-root /tmp/figures
   .venv/bin/python scripts/walkthrough_figures.py ladder          trace.png and waterfall.png
+  .venv/bin/python scripts/walkthrough_figures.py memory_ladder   trace.png and fits.png
 """
 from __future__ import annotations
 
@@ -58,9 +62,12 @@ from common.trace_columns import DATALOADER_REGION  # noqa: E402
 DEMOS = ("dataloader_workers", "small_batch", "mixed_precision", "activation_checkpointing",
          "launch_overhead", "item_sync", "naive_attention", "unfused_optimizer", "padding_waste",
          "ddp_no_sync", "host_roundtrip", "llm_decode", "tokenizer_bound", "memory_leak",
-         "recompiles", "ladder")
-# Demos whose runs are a ladder's rungs (common/ladder.py), not a bad and a fixed run.
+         "recompiles", "ladder", "memory_ladder")
+# Demos whose runs are a ladder's rungs (common/ladder.py), not a bad and a fixed run: the speed
+# ladders (a waterfall of samples/s beside their picture) and the memory ladders (a chart of
+# which rungs fit the memory budget beside theirs).
 LADDERS = ("ladder",)
+MEMORY_LADDERS = tuple(sorted(ladder.MEMORY_LADDERS))
 REFERENCE_ROOT = ROOT / "traces" / "reference"
 # Where a pair's picture is drawn from, the first folder that has both its runs: the H100 run,
 # else a CPU run (for the pairs the H100 reference does not have yet).
@@ -68,6 +75,7 @@ DEFAULT_REFERENCES = (REFERENCE_ROOT / "h100", REFERENCE_ROOT / "cpu")
 DEFAULT_OUT_ROOT = ROOT / "demos"
 FIGURE_NAME = "trace.png"
 WATERFALL_NAME = "waterfall.png"  # a ladder's bar of samples/s per rung, beside its trace.png
+FITS_NAME = "fits.png"  # a memory ladder's bar of peak memory per rung against its budget
 # ("bad", "fixed"): bad drawn above fixed. They name the panels' places too: a ladder's first
 # rung takes bad's, its last rung fixed's (runs_drawn).
 VARIANTS = compare.VARIANTS
@@ -177,8 +185,9 @@ CPU_RUN_NOTE = "needs a CUDA GPU; not yet run on one"
 # Dynamo's compiled regions, which are the host's).
 CPU_LESSON_NOTE = "its lesson shows on a CPU too; not yet run on a GPU"
 # The ladder's first fix (DataLoader workers) shows on a CPU as on a GPU: rung 0's steps wait on
-# its DataLoader, the last rung's do not.
-CPU_LESSON_DEMOS = ("memory_leak", "recompiles", "ladder")
+# its DataLoader, the last rung's do not. The memory ladder's fixes each cut the tensors a step
+# allocates, which the profiler's [memory] events record on a CPU as on a GPU.
+CPU_LESSON_DEMOS = ("memory_leak", "recompiles", "ladder", "memory_ladder")
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,12 @@ class Zoom:
 LADDER_NOTE = ("rung 0: the script as first written; the last rung: the same with every fix "
                "(each rung's gain: waterfall.png). A larger batch is one of the fixes: a step "
                "takes longer and trains more samples a second")
+
+# Under the memory ladder's title: what its two panels are, and where the rest of the ladder is.
+MEMORY_LADDER_NOTE = ("rung 0: the model as first written; the last rung: the same with every fix "
+                      "(BF16 weights, activation checkpointing, gradient accumulation in 4 "
+                      "micro-batches, SDPA attention). Which rungs fit the memory budget: "
+                      "fits.png")
 
 ZOOMS = {
     # Whole steps: bad's step is over 2 s, nearly all of it the DataLoader decoding images in the
@@ -323,6 +338,15 @@ ZOOMS = {
     # run (it is not in the H100 reference yet): check it against the first one.
     "ladder": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer", GPU_ROW),
                    steps=1, what="one step of rung 0", note=LADDER_NOTE),
+    # The CPU window (CPU_ZOOMS), with the GPU row: memory follows the host on a GPU too, so one
+    # host step of rung 0 holds its climb and its fall. Chosen before the memory ladder had a
+    # GPU run (it is not in the H100 reference yet): check it against the first one. There rung
+    # 0 may run out of memory at the cap (a record, no trace), and runs_drawn then draws the
+    # first rung that ran in its place, which the note's "rung 0" would have to follow.
+    "memory_ladder": Zoom(HOST, ("forward", "backward", "optimizer", GPU_ROW), steps=1,
+                          until=HOST, memory=True,
+                          what="one host step of rung 0, with memory allocated",
+                          note=MEMORY_LADDER_NOTE),
 }
 
 # The pairs whose picture comes from a CPU run until the GPU reference has them: what a CPU
@@ -335,6 +359,15 @@ CPU_ZOOMS = {
                    of="fixed", what="one step of the last rung", note=LADDER_NOTE),
     # The same window as on a GPU: the allocations follow the host on both.
     "memory_leak": ZOOMS["memory_leak"],
+    # One host step of rung 0, the longer (3.9 s against the last rung's 1.4 s on the CPU
+    # reference, both at batch 8), so each panel shows a whole step: rung 0's forward builds its
+    # saved activations (974 MB of its 1,262 MB peak, the analyzer's "memory peak" line), its
+    # backward's gradients add the rest before it frees them; the last rung's curve stays at tens
+    # of MB (a small tooth per micro-batch, flat at this scale), about three steps of it in the
+    # same window.
+    "memory_ladder": Zoom(HOST, ("forward", "backward", "optimizer"), steps=1, until=HOST,
+                          memory=True, what="one host step of rung 0, with memory allocated",
+                          note=MEMORY_LADDER_NOTE),
     # The same window as on a GPU: Dynamo's regions and the eager operators are the host's.
     "recompiles": ZOOMS["recompiles"],
     # One request of bad (at --smoke sizes: its prompt's pass, then 8 tokens): each token runs
@@ -546,6 +579,27 @@ def headline_ladder(run: Run) -> str:
             f"samples/s{gain}; DataLoader {run.cell('DataLoader %')} % of the steps")
 
 
+def micro_batches_words(count: int) -> str:
+    """Gradient accumulation's micro-batches in words, as compare's memory table says them: ""
+    without, " in 4 micro-batches" with."""
+    return "" if count <= 1 else f" in {count} micro-batches"
+
+
+def headline_memory_ladder(run: Run) -> str:
+    """A rung of the memory ladder: its batch (in micro-batches where it accumulates) and its
+    weights' dtype; its peak memory and samples/s as compare's memory table prints them (the
+    summary's, as ladder.format_memory_table formats them). Whether it fits the budget is
+    fits.png's to say: the budget is held against the process's resident memory on a CPU, which
+    the memory panel does not draw."""
+    summary = run.summary
+    batches = micro_batches_words(run.config.get("accumulation_micro_batches", 1))
+    memory = ("peak memory n/a" if summary.get("peak_memory_mb") is None
+              else f"peak memory {summary['peak_memory_mb']:,.1f} MB")
+    return (f"{run.variant} (batch {summary['batch_size']}{batches}, "
+            f"{run.config.get('dtype', 'float32')} weights): {memory}, "
+            f"{summary['samples_per_s']:,.1f} samples/s")
+
+
 HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "small_batch": headline_small_batch,
              "mixed_precision": headline_mixed_precision,
@@ -561,6 +615,7 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
              "memory_leak": headline_memory_leak,
              "recompiles": headline_recompiles,
              "ladder": headline_ladder,
+             "memory_ladder": headline_memory_ladder,
              "ddp_no_sync": headline_ddp_no_sync}
 
 
@@ -823,10 +878,11 @@ def panel_of(demo: str, zoom: Zoom, run: Run, edges_ms: np.ndarray) -> Panel:
 
 def runs_drawn(demo: str, reference: Path) -> dict[str, str]:
     """The run folders under reference/demo that the figure draws, by the place each takes
-    (VARIANTS: bad's on top, fixed's below): a pair's own bad and fixed; a ladder's first rung
-    and its last, every fix applied (as common/ladder.py finds them; {} where it holds under two
-    rungs)."""
-    if demo not in LADDERS:
+    (VARIANTS: bad's on top, fixed's below): a pair's own bad and fixed; a ladder's (a speed or a
+    memory ladder's) first rung and its last, every fix applied (as common/ladder.py finds them,
+    rungs with a run's summary: a memory ladder's rung that ran out of memory at a GPU's cap has
+    none, nor a trace to draw; {} where it holds under two rungs)."""
+    if demo not in LADDERS + MEMORY_LADDERS:
         return {variant: variant for variant in VARIANTS}
     rungs = [path.name for _, _, path in ladder.rung_folders(Path(reference) / demo)]
     return dict(zip(VARIANTS, (rungs[0], rungs[-1]))) if len(rungs) >= 2 else {}
@@ -1079,6 +1135,27 @@ def write_waterfall(demo: str, reference: Path, out_root: Path = DEFAULT_OUT_ROO
                        dpi=FIGURE_DPI, metadata=PNG_METADATA)
 
 
+def fits_figure(demo: str, reference: Path):
+    """A memory ladder's chart from its rungs under reference/demo (ladder.memory_rows, the
+    rows compare's memory table prints; report.memory_ladder_figure, the chart the report
+    draws), the device line under its title."""
+    folder = Path(reference) / demo
+    rows = ladder.memory_rows(folder)
+    if len(rows) < 2:
+        raise FigureError(f"{folder}: not a memory ladder (two rungs or more, rung<K>_<fix>/ "
+                          f"each with a {trace.SUMMARY_FILE} or a {trace.OUT_OF_MEMORY_FILE})")
+    first = ladder.rung_record(folder / rows[0]["rung"])[0]
+    title = (f"{demo}: the peak held against the memory budget at each rung, each rung one fix "
+             f"after the one before\n{device_line(first)}")
+    return report.memory_ladder_figure(rows, title)
+
+
+def write_fits(demo: str, reference: Path, out_root: Path = DEFAULT_OUT_ROOT) -> Path:
+    """Draw a memory ladder's chart (fits_figure) into out_root/<demo>/fits.png; return it."""
+    return report.save(fits_figure(demo, reference), Path(out_root) / demo / FITS_NAME,
+                       dpi=FIGURE_DPI, metadata=PNG_METADATA)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = trace.OneLineArgumentParser(  # a bad flag, folder or demo: one line, exit code 2
         prog="walkthrough_figures.py", description=__doc__,
@@ -1112,6 +1189,8 @@ def main(argv: list[str] | None = None) -> int:
             written = [write_figure(demo, folder or references[0], flags.out_root)]
             if demo in LADDERS:  # its waterfall too, from the same runs
                 written.append(write_waterfall(demo, folder or references[0], flags.out_root))
+            if demo in MEMORY_LADDERS:  # which rungs fit its budget, from the same runs
+                written.append(write_fits(demo, folder or references[0], flags.out_root))
             for out in written:
                 print(f"wrote {out} from {folder} ({out.stat().st_size // 1024} KB)")
     except FigureError as error:

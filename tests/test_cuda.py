@@ -102,10 +102,41 @@ def test_ladder_runs_every_rung_on_the_gpu(tmp_path):
         assert row["chain"] is None or row["chain"]["status"] != "skipped"  # nothing on a GPU
 
 
+def test_memory_ladder_runs_every_rung_on_the_gpu(tmp_path):
+    """Every rung of the memory ladder at smoke sizes through run_demos.py, under the smoke
+    preset's budget (a cap of the GPU's allocator): each fits and its peak reserved stays under
+    the cap. Then under a budget of 1 KB, which no rung fits: each stops at the cap in one line
+    and leaves its record, run_demos.py counts that as the rung's result, and the table says
+    "out of memory at the cap" for every rung."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, str(ROOT / "scripts" / "run_demos.py"), "memory_ladder", "--smoke",
+               "--device", "cuda"]
+    roomy = subprocess.run(command + ["--out", str(tmp_path / "roomy")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+    assert roomy.returncode == 0, roomy.stdout[-3000:] + roomy.stderr[-3000:]
+    rows = ladder.memory_rows(tmp_path / "roomy" / "memory_ladder")
+    assert len(rows) == 5 and all(row["device"] == "cuda" and row["ran"] for row in rows)
+    for row in rows:
+        assert row["fits"] and 0 < row["peak_mb"] <= row["budget_mb"], row["rung"]
+        assert row["peak_of"] == "reserved by the CUDA caching allocator"
+        analysis = analyze.analyze_trace(tmp_path / "roomy" / "memory_ladder" / row["rung"])
+        assert analysis["gpu"]["kernels_per_step"] > 0, row["rung"]
+    tight = subprocess.run(command + ["--out", str(tmp_path / "tight"), "--memory-budget-gb",
+                                      "0.000001"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=PAIR_TIMEOUT_S)
+    assert tight.returncode == 0, tight.stdout[-3000:] + tight.stderr[-3000:]
+    assert "Traceback" not in tight.stderr
+    assert tight.stderr.count("error: over the memory budget: memory_ladder/") == 5
+    rows = ladder.memory_rows(tmp_path / "tight" / "memory_ladder")
+    assert len(rows) == 5 and not any(row["ran"] or row["fits"] for row in rows)
+    assert "first rung that fits: none" in tight.stdout
+
+
 def test_memory_budget_caps_the_allocator(tmp_path):
     """--memory-budget-gb on a GPU: a budget the smoke run fits in is checked against the peak
     reserved, which the cap keeps under it; one of 1 KB stops the run in one line, exit 2, with
-    nothing left in its run folder."""
+    nothing left in its run folder but the record that it did not fit."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     script = [sys.executable, str(ROOT / "demos" / "item_sync" / "bad.py"), "--smoke",
@@ -121,6 +152,7 @@ def test_memory_budget_caps_the_allocator(tmp_path):
     assert tight.returncode == 2 and "Traceback" not in tight.stderr, tight.stderr[-3000:]
     assert tight.stderr.startswith("error: over the memory budget: item_sync/bad")
     assert not (tmp_path / "item_sync" / "bad" / trace.SUMMARY_FILE).exists()
+    assert (tmp_path / "item_sync" / "bad" / trace.OUT_OF_MEMORY_FILE).is_file()  # the result
 
 
 # Flat: growth under the memory_growth verdict's bound, a share of the steps' peak a step.

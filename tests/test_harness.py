@@ -239,11 +239,11 @@ def test_memory_budget_check_on_a_cpu_holds_the_resident_peak_against_it():
     only grows) against it, either way; no budget, no check."""
     peak = devices.peak_resident_mb()
     assert peak > 0
-    roomy = devices.memory_budget_check(cpu_run_with_budget(10 * peak), None)
-    tight = devices.memory_budget_check(cpu_run_with_budget(peak / 10), None)
+    roomy = devices.memory_budget_check(cpu_run_with_budget(10 * peak), None, peak)
+    tight = devices.memory_budget_check(cpu_run_with_budget(peak / 10), None, peak)
     assert roomy["fits"] and not tight["fits"]
-    assert tight["peak_mb"] >= peak and "ru_maxrss" in tight["peak_of"]
-    assert devices.memory_budget_check(cpu_run_with_budget(None), None) is None
+    assert tight["peak_mb"] == peak and "ru_maxrss" in tight["peak_of"]
+    assert devices.memory_budget_check(cpu_run_with_budget(None), None, peak) is None
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "nan", "abc"])

@@ -157,8 +157,10 @@ def test_run_demos_smoke_report_covers_every_demo(demos_smoke_out):
     ladders = sorted(d.name for d in (ROOT / "demos").iterdir() if any(d.glob("rung*.py")))
     found = sections((demos_smoke_out / report.REPORT_MD).read_text())
     assert sorted(found) == sorted(demos + ladders)
-    for name in ladders:
-        assert "```text\nladder: " in found[name] and "_waterfall.png)" in found[name], name
+    for name in ladders:  # the speed ladder's waterfall, the memory ladder's table of fits
+        memory = name in ladder.MEMORY_LADDERS
+        assert f"```text\n{'memory ladder' if memory else 'ladder'}: " in found[name], name
+        assert ("_fits.png)" if memory else "_waterfall.png)") in found[name], name
     for demo in demos:  # its throughput row: a training pair's samples/s, an inference one's
         assert "| samples/s |" in found[demo] or "| requests/s |" in found[demo], demo
     assert "| generated tokens/s |" in found["llm_decode"]

@@ -318,7 +318,7 @@ def test_tensorboard_compat_without_orjson_writes_the_same_trace(tmp_path):
 
 def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
     """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair,
-    the ladder, and the memory budget's cap (a harness flag, on one pair)."""
+    each ladder, and the memory budget's cap (a harness flag, on one pair)."""
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
                              "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
                             timeout=SCRIPT_TIMEOUT_S)
@@ -329,7 +329,7 @@ def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
     demos = run_demos.available_demos()
     pairs = [demo for demo in demos if not run_demos.rungs_of(demo)]
     expected = {f"tests/test_cuda.py::test_pair_runs_on_the_gpu[{demo}]" for demo in pairs}
-    if len(pairs) < len(demos):  # the ladder: one test runs every rung
-        expected.add("tests/test_cuda.py::test_ladder_runs_every_rung_on_the_gpu")
+    for name in set(demos) - set(pairs):  # a ladder: one test runs every rung
+        expected.add(f"tests/test_cuda.py::test_{name}_runs_every_rung_on_the_gpu")
     expected.add("tests/test_cuda.py::test_memory_budget_caps_the_allocator")
     assert pairs and collected == expected

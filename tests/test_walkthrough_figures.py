@@ -6,7 +6,9 @@ number may appear; the profiled-vs-timed line is checked to appear exactly where
 by more than 1.2x; what each figure draws is checked against what its walkthrough says the
 picture shows; the committed demos/*/trace.png and the READMEs' links to them are checked to be
 there. The ladder's picture is its first rung above its last; its waterfall chart is checked to
-draw ladder.ladder_rows' numbers and words."""
+draw ladder.ladder_rows' numbers and words. The memory ladder's picture is its first rung above
+its last too, with memory allocated under them; its chart of which rungs fit is checked to draw
+ladder.memory_rows' peaks."""
 from __future__ import annotations
 
 import gzip
@@ -19,6 +21,7 @@ import sys
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 
 from common import analyze, ladder, report
 from tests.conftest import ROOT
@@ -28,7 +31,7 @@ REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
 CPU_PAIRS = ("llm_decode",)  # pictures from CPU runs so far
 # Pictures from CPU runs of pairs whose lesson shows on a CPU too (not yet run on a GPU).
-CPU_LESSON_PAIRS = ("ladder",)
+CPU_LESSON_PAIRS = ("ladder", "memory_ladder")
 # Pairs with no picture: fragmentation's lesson is memory reserved beside memory allocated, and
 # the figure's memory panel draws allocated only.
 NO_PICTURE_YET = {"fragmentation"}
@@ -42,6 +45,8 @@ WATERFALL_REL_TOLERANCE = 1e-9
 STEP_GAP_MAX_MS = 1.0  # between one step's end and the next one's start, on the host
 needs_cpu_ladder = pytest.mark.skipif(not (CPU_REFERENCE / "ladder").is_dir(),
                                       reason="no CPU run of the ladder committed")
+needs_cpu_memory_ladder = pytest.mark.skipif(not (CPU_REFERENCE / "memory_ladder").is_dir(),
+                                             reason="no CPU run of the memory ladder committed")
 
 
 def load_script():
@@ -238,6 +243,12 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
             shown.append(f"{row['vs_first']:.2f}")
         return shown, [str(summary["batch_size"]), str(config["num_workers"]),
                        "0"]  # the 0 of "rung 0", a name
+    if demo == "memory_ladder":  # its rung's line in compare's memory table: peak and samples/s
+        table = ladder.format_memory_table(ladder.memory_rows(run_dir.parent))
+        micro_batches = config.get("accumulation_micro_batches", 1)
+        return ([grab(table, r"\| peak memory (\S+) MB", f"{run_dir.name} "),
+                 grab(table, r"\| (\S+) samples/s", f"{run_dir.name} ")],
+                [str(summary["batch_size"])] + ([str(micro_batches)] if micro_batches > 1 else []))
     pytest.fail(f"{demo}: no expected numbers for its headline")
 
 
@@ -294,7 +305,7 @@ def test_cpu_pictures_exist_and_say_cpu(drawn, demo, says):
     """The pairs the H100 reference lacks are drawn from their CPU runs, and say so in the
     figure's title: "CPU run", the CPU, torch, and either what the pair needs or, where its
     lesson shows on a CPU too, that no GPU has run it yet (and not that it needs one)."""
-    if (REFERENCE / demo / "bad").is_dir():
+    if figures.in_reference(demo, REFERENCE):  # a pair's bad and fixed, or a ladder's rungs
         pytest.skip(f"{demo} has an H100 run now: its picture comes from it")
     data = drawn[demo]
     assert data.reference == CPU_REFERENCE
@@ -406,6 +417,75 @@ def test_ladder_draws_its_first_rung_above_its_last(drawn):
     assert gain.endswith("more samples/s")  # every fix together: faster than rung 0
 
 
+@needs_cpu_memory_ladder
+def test_memory_ladder_draws_its_first_rung_above_its_last_with_memory(drawn):
+    """The memory ladder's picture: its first rung in bad's place, its last (every fix) in
+    fixed's, with memory allocated under them. The window is rung 0's first host step (the
+    longer), which holds its peak; the last rung's curve stays under a twentieth of it, and its
+    first step runs a forward per micro-batch (the note's 4). Each curve's legend gives its peak
+    as the analyzer prints it."""
+    data = drawn["memory_ladder"]
+    rungs = [path.name for _, _, path in ladder.rung_folders(data.reference / "memory_ladder")]
+    first, last = data.panels["bad"], data.panels["fixed"]
+    assert (first.variant, last.variant) == (rungs[0], rungs[-1])
+    assert data.title.startswith(f"memory_ladder: {rungs[0]} above {rungs[-1]}, ")
+    assert data.zoom.memory and "fits.png" in data.title
+    for panel in (first, last):
+        assert list(panel.rows) == ["forward", "backward", "optimizer"]
+    assert data.window_ms[0] == 0.0
+    assert 0.0 <= first.step_edges_ms[1] - data.window_ms[1] < STEP_GAP_MAX_MS
+    low, high = data.window_ms
+    peaks = {}
+    for place, panel in data.panels.items():
+        inside = (panel.memory_ms >= low) & (panel.memory_ms <= high)
+        peaks[place] = panel.memory_mb[inside].max()
+    assert peaks["bad"] == pytest.approx(first.run.result["peak_memory_mb"])
+    assert peaks["fixed"] < peaks["bad"] / 20
+    micro_batches = last.run.config["accumulation_micro_batches"]
+    assert f"accumulation in {micro_batches} micro-batches" in " ".join(data.title.split())
+    step = (data.edges_ms[:-1] >= last.step_edges_ms[0]) & (
+        data.edges_ms[1:] <= last.step_edges_ms[1])
+    forward = (last.rows["forward"] > 0.5) & step
+    assert np.count_nonzero(np.diff(forward.astype(int)) == 1) + forward[0] == micro_batches
+    fig = figures.figure(data)
+    try:
+        legend = [text.get_text() for text in fig.axes[-1].get_legend().get_texts()]
+    finally:
+        figures.plt.close(fig)
+    printed_peaks = [grab(printed(panel.run.result), r"^peak memory (\S+) MB", "peak memory")
+                     for panel in (first, last)]
+    assert legend == [f"{panel.variant}: peak {peak} MB"
+                      for panel, peak in zip((first, last), printed_peaks)]
+
+
+@needs_cpu_memory_ladder
+def test_fits_chart_draws_the_memory_rows():
+    """fits.png: a bar per rung of ladder.memory_rows, rung 0 on top, ending at the peak held
+    against the budget (green where it fits, red where not), each bar's words its line of
+    compare's memory table, the device line under the title."""
+    rows = ladder.memory_rows(CPU_REFERENCE / "memory_ladder")
+    fig = figures.fits_figure("memory_ladder", CPU_REFERENCE)
+    try:
+        pieces = drawn_bars(fig)
+        texts = [text.get_text() for text in fig.axes[0].texts]
+        title = fig.axes[0].get_title(loc="left")
+        colors = {y: fig.axes[0].patches[y].get_facecolor() for y in pieces}
+    finally:
+        figures.plt.close(fig)
+    assert len(pieces) == len(rows) == len(texts)
+    for y, row in enumerate(rows):
+        assert pieces[y] == [(0.0, pytest.approx(row["peak_mb"], rel=WATERFALL_REL_TOLERANCE),
+                              True)]
+        expected = report.MEMORY_FITS_COLOR if row["fits"] else report.MEMORY_OVER_COLOR
+        assert colors[y] == pytest.approx(to_rgba(expected))
+        assert texts[y].startswith(ladder.fits_words(row))
+        assert f"peak memory {row['peak_memory_mb']:,.1f} MB" in texts[y]
+        assert f"{row['samples_per_s']:,.1f} samples/s" in texts[y]
+    assert title.splitlines()[1] == figures.device_line(
+        json.loads((CPU_REFERENCE / "memory_ladder" / rows[0]["rung"] / "summary.json")
+                   .read_text()))
+
+
 def waterfall_row(rung: str, samples_per_s: float, first: float | None, before: float | None,
                   top: dict | None = None) -> dict:
     """A row as ladder.ladder_rows gives it, as much of it as the chart reads."""
@@ -478,12 +558,15 @@ def test_the_waterfall_chart_draws_a_loss_as_one():
     assert "vs rung 0: 1.60x more samples/s" in words and "top verdict: x\n" not in words
 
 
-@needs_cpu_ladder
-def test_the_ladder_command_writes_its_picture_and_its_waterfall(tmp_path, capsys):
-    assert figures.main(["ladder", "--out-root", str(tmp_path)]) == 0
+@pytest.mark.parametrize("demo, chart", [("ladder", "waterfall.png"),
+                                          ("memory_ladder", "fits.png")])
+def test_a_ladder_command_writes_its_picture_and_its_chart(tmp_path, capsys, demo, chart):
+    if not (CPU_REFERENCE / demo).is_dir():
+        pytest.skip(f"no CPU run of {demo} committed")
+    assert figures.main([demo, "--out-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for name in ("trace.png", "waterfall.png"):
-        png = tmp_path / "ladder" / name
+    for name in ("trace.png", chart):
+        png = tmp_path / demo / name
         assert f"wrote {png}" in out
         data = png.read_bytes()
         assert data.startswith(PNG_SIGNATURE) and 10_000 < len(data) < MAX_PNG_BYTES
@@ -570,8 +653,9 @@ def test_every_demo_has_a_zoom_and_draws_the_same_window_for_both(drawn):
 
 
 def test_committed_figures_exist_for_every_demo_in_the_reference():
-    for demo in DRAWN:  # a ladder's waterfall too
-        names = ["trace.png"] + (["waterfall.png"] if demo in figures.LADDERS else [])
+    for demo in DRAWN:  # a ladder's waterfall too, a memory ladder's chart of which rungs fit
+        names = (["trace.png"] + (["waterfall.png"] if demo in figures.LADDERS else [])
+                 + (["fits.png"] if demo in figures.MEMORY_LADDERS else []))
         for png in (ROOT / "demos" / demo / name for name in names):
             assert png.is_file(), f"{png}: missing; run scripts/walkthrough_figures.py"
             assert png.read_bytes().startswith(PNG_SIGNATURE)
