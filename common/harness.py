@@ -224,9 +224,9 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
     optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast.
     `step_args()` is called once a step, in the data region; what it returns follows the inputs
     into the forward call: model(inputs, *step_args()). With `micro_batches` > 1 (gradient
-    accumulation), the batch runs forward and backward in that many micro-batches, each loss
-    divided by their number, and the optimizer steps once: the whole batch's gradients, with
-    the activations of one micro-batch at a time."""
+    accumulation; tensor inputs), the batch runs forward and backward in that many
+    micro-batches, each loss divided by their number, and the optimizer steps once: the whole
+    batch's gradients, with the activations of one micro-batch at a time."""
     model.train()
 
     def precision():
@@ -242,7 +242,9 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
             inputs, targets = next_batch()
             args = step_args()
             run.data_wait_s += time.perf_counter() - fetch_started
-        for part, part_targets in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        parts = ([(inputs, targets)] if micro_batches == 1  # inputs of any kind (a tuple too)
+                 else zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+        for part, part_targets in parts:
             with record_function("forward"), precision():
                 loss = loss_fn(model(part, *args), part_targets)
                 if micro_batches > 1:  # the mean over the whole batch, a micro-batch at a time
