@@ -1,6 +1,8 @@
 """Run the bad and the fixed script of each demo, then compare them and write the report
-(<out>/REPORT.md and a self-contained <out>/report.html, rebuilt from this run only). The ladder
-runs its rungs in order (rung0_baseline.py, rung1_workers.py, ...) and prints its waterfall.
+(<out>/REPORT.md and a self-contained <out>/report.html, rebuilt from this run only). A ladder
+runs its rungs in order (rung0_baseline.py, rung1_workers.py, ...) and prints its waterfall; the
+memory ladder prints which rungs fit its memory budget (a rung over it on a GPU stops at the cap
+and leaves a record of it: that is its result, not a failure).
 
 Examples:
   ./scripts/run_demos.sh                          every demo, on the GPU if there is one
