@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--memory-budget-gb", type=float, default=None, metavar="GB",
                         help="passed to every script: the memory a run may use (default: each "
                              "preset's, which only memory_ladder has)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="with --smoke: N scripts at once, each one's output printed when it "
+                             "ends (default: 1; a timed run never shares the cores)")
     parser.add_argument("--with-stack", action="store_true",
                         help="passed to every script: record Python frames in the traces")
     parser.add_argument("--out", type=Path, default=ROOT / "traces",
@@ -75,6 +79,11 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     flags = parser.parse_args(argv)
     if flags.steps is not None and flags.steps < 1:
         parser.error(f"--steps must be a whole number >= 1, got {flags.steps}")
+    if flags.jobs < 1:
+        parser.error(f"--jobs must be a whole number >= 1, got {flags.jobs}")
+    if flags.jobs > 1 and not flags.smoke:
+        parser.error("--jobs above 1 needs --smoke: scripts run at once share the cores, and "
+                     "their timings would not be their own")
     if flags.memory_budget_gb is not None and not flags.memory_budget_gb > 0:
         parser.error(f"--memory-budget-gb must be a number > 0, got {flags.memory_budget_gb}")
     if flags.out.resolve().is_relative_to(REFERENCE_DIR) and not flags.update_reference:
@@ -89,7 +98,10 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     return flags
 
 
-def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
+def run_variant(demo: str, variant: str, flags: argparse.Namespace,
+                output: list[str] | None = None) -> bool:
+    """Run one script; whether it succeeded. Its output goes to the console, or with `output`
+    (scripts run at once) into that list, to be printed whole when it ends."""
     command = [sys.executable, str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
                "--out", str(flags.out)] + (["--smoke"] if flags.smoke else [])
     command += ["--with-stack"] if flags.with_stack else []
@@ -97,7 +109,13 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
                                         ("--memory-budget-gb", flags.memory_budget_gb))
                 if value is not None for arg in (flag, str(value))]
     started = datetime.now(timezone.utc).replace(microsecond=0)  # created_utc: whole seconds
-    returncode = subprocess.run(command, cwd=ROOT).returncode
+    if output is None:
+        returncode = subprocess.run(command, cwd=ROOT).returncode
+    else:
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+        returncode = done.returncode
+        output.append(done.stdout)
     # A rung over its memory budget on a GPU stops at the cap (exit code 2) and leaves a record of
     # it, this run's: the memory ladder's result for that rung, not a failure.
     record = flags.out / demo / variant / trace.OUT_OF_MEMORY_FILE
@@ -106,17 +124,41 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace) -> bool:
     return returncode == 0 or (returncode == 2 and over_budget)
 
 
+def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
+    """Run each (demo, variant) in order, or flags.jobs of them at once; yield (succeeded, demo,
+    variant) as each is printed, in order. A header line starts each script's output:
+    "=== [3/12] <demo>/<variant> (41 s elapsed)"."""
+    started = time.perf_counter()
+
+    def header(index: int, demo: str, variant: str) -> None:
+        print(f"\n=== [{index}/{len(runs)}] {demo}/{variant} "
+              f"({time.perf_counter() - started:.0f} s elapsed)", flush=True)
+
+    if flags.jobs == 1:
+        for index, (demo, variant) in enumerate(runs, start=1):
+            header(index, demo, variant)
+            yield run_variant(demo, variant, flags), demo, variant
+        return
+    with ThreadPoolExecutor(max_workers=flags.jobs) as pool:
+        outputs = [[] for _ in runs]
+        futures = [pool.submit(run_variant, demo, variant, flags, output)
+                   for (demo, variant), output in zip(runs, outputs)]
+        for index, ((demo, variant), future, output) in enumerate(zip(runs, futures, outputs),
+                                                                  start=1):
+            done = future.result()  # in order: each script's output whole, as one job prints it
+            header(index, demo, variant)
+            print("".join(output), end="", flush=True)
+            yield done, demo, variant
+
+
 def main(argv: list[str] | None = None) -> int:
     flags = parse_flags(argv)
     failed = []
     run_started = datetime.now(timezone.utc)  # the report shows no summary older than this
     started = time.perf_counter()
     runs = [(demo, variant) for demo in flags.demos for variant in variants_of(demo)]
-    total = len(runs)
-    for index, (demo, variant) in enumerate(runs, start=1):
-        print(f"\n=== [{index}/{total}] {demo}/{variant} ({time.perf_counter() - started:.0f} s elapsed)",
-              flush=True)
-        if not run_variant(demo, variant, flags):
+    for done, demo, variant in run_scripts(runs, flags):
+        if not done:
             failed.append(f"{demo}/{variant}")
     failed_demos = {name.split("/")[0] for name in failed}
     pairs = [demo for demo in flags.demos if not rungs_of(demo)]

@@ -150,6 +150,45 @@ def test_run_demos_passes_steps_and_seed_to_every_script(fake_demos):
     assert "--steps" not in argv and "--seed" not in argv
 
 
+def test_run_demos_passes_the_memory_budget_to_every_script(fake_demos):
+    fake_demos.add("healthy")
+    assert fake_demos.main(["--out", str(fake_demos.out), "--memory-budget-gb", "0.5"]) == 0
+    for variant in ("bad", "fixed"):
+        argv = json.loads((fake_demos.out / "healthy" / variant / "argv.json").read_text())
+        assert argv[argv.index("--memory-budget-gb") + 1] == "0.5"
+
+
+def test_run_demos_jobs_run_smoke_scripts_at_once_and_print_each_whole_in_order(fake_demos,
+                                                                                capsys):
+    """--jobs 2 --smoke: every script runs, a failed one is named as without --jobs, and each
+    script's header comes in the order of the runs."""
+    fake_demos.add("broken", fixed="fail")
+    fake_demos.add("healthy")
+    assert fake_demos.main(["--out", str(fake_demos.out), "--smoke", "--jobs", "2"]) == 1
+    printed = capsys.readouterr()
+    assert one_line(printed.err) == "failed: broken/fixed"
+    headers = [line.split()[1:3] for line in printed.out.splitlines() if line.startswith("=== [")]
+    assert headers == [["[1/4]", "broken/bad"], ["[2/4]", "broken/fixed"],
+                       ["[3/4]", "healthy/bad"], ["[4/4]", "healthy/fixed"]]
+    for variant in ("bad", "fixed"):
+        argv = json.loads((fake_demos.out / "healthy" / variant / "argv.json").read_text())
+        assert "--smoke" in argv
+    assert "2.00x more samples/s" in printed.out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--jobs", "2"], "--jobs above 1 needs --smoke"),
+    (["--jobs", "0", "--smoke"], "--jobs must be a whole number >= 1, got 0"),
+    (["--memory-budget-gb", "0"], "--memory-budget-gb must be a number > 0, got 0.0")])
+def test_run_demos_bad_jobs_or_budget_is_one_line_and_exit_code_2(fake_demos, capsys, args,
+                                                                  says):
+    fake_demos.add("healthy")
+    with pytest.raises(SystemExit) as stopped:
+        fake_demos.main(args)
+    assert stopped.value.code == 2
+    assert one_line(capsys.readouterr().err).startswith(f"run_demos.sh: error: {says}")
+
+
 def test_run_demos_refuses_to_write_over_the_reference(fake_demos, monkeypatch, capsys):
     fake_demos.add("healthy")
     reference = fake_demos.root / "traces" / "reference"
