@@ -152,15 +152,20 @@ def note_cpu_bf16(run: Run) -> None:
 MB_PER_GB = trace.MB_PER_GB  # the harness imports it from here
 
 
-def cap_cuda_memory(device: torch.device, budget_mb: float) -> None:
+def cap_cuda_memory(device: torch.device, budget_mb: float, given: bool = True) -> float:
     """Cap the CUDA caching allocator at `budget_mb` (torch.cuda.set_per_process_memory_fraction
     of the GPU's memory): a step that needs more raises OutOfMemoryError, which the harness
-    reports in one line. A budget above the GPU's memory is an error."""
+    reports in one line. Returns the budget in force. A budget the user gave above the GPU's
+    memory is an error; a preset's default above it (16 GB on a 16 GB card, which reports a
+    little less) gives way to the GPU's own memory."""
     total_mb = torch.cuda.get_device_properties(device).total_memory / trace.BYTES_PER_MB
     if budget_mb > total_mb:
-        fail(f"--memory-budget-gb {budget_mb / MB_PER_GB:g}: above this GPU's "
-             f"{total_mb / MB_PER_GB:.1f} GB")
+        if given:
+            fail(f"--memory-budget-gb {budget_mb / MB_PER_GB:g}: above this GPU's "
+                 f"{total_mb / MB_PER_GB:.1f} GB")
+        budget_mb = total_mb
     torch.cuda.set_per_process_memory_fraction(budget_mb / total_mb, device)
+    return budget_mb
 
 
 def peak_resident_mb() -> float:

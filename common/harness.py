@@ -129,7 +129,8 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                              "caching allocator is capped at it, and a run that needs more stops "
                              "with one line; on a CPU the run checks its peak resident memory "
                              "against it (Python and PyTorch included) and says whether it fits "
-                             "(default: the preset's, which memory_ladder has; else no budget)")
+                             "(default: the preset's, which memory_ladder has, or a smaller "
+                             "GPU's whole memory; else no budget)")
     return parser
 
 
@@ -176,7 +177,7 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     budget_gb = flags.memory_budget_gb or preset.memory_budget_gb  # the flag, else the preset's
     budget_mb = None if budget_gb is None else budget_gb * MB_PER_GB
     if budget_mb is not None and device.type == "cuda":
-        cap_cuda_memory(device, budget_mb)
+        budget_mb = cap_cuda_memory(device, budget_mb, given=flags.memory_budget_gb is not None)
     world_size, rank = distributed.world_size(), distributed.rank()
     threads = presets.main_process_threads(device.type)
     if dist_info and device.type == "cpu":  # the ranks share the cores

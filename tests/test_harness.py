@@ -246,6 +246,26 @@ def test_memory_budget_check_on_a_cpu_holds_the_resident_peak_against_it():
     assert devices.memory_budget_check(cpu_run_with_budget(None), None, peak) is None
 
 
+def test_a_preset_budget_above_the_gpu_gives_way_and_a_given_one_is_an_error(monkeypatch,
+                                                                             capsys):
+    """On a 16 GB card (15.8 GB reported) the memory ladder's 16 GB default caps the allocator
+    at the whole card; the same budget given by the user stops in one line; one under the card
+    is a fraction of it. The CUDA calls are stood in for: this checks the arithmetic."""
+    fractions = []
+    monkeypatch.setattr(devices.torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=15.8e9))
+    monkeypatch.setattr(devices.torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device: fractions.append(fraction))
+    assert devices.cap_cuda_memory("cuda", 16_000.0, given=False) == pytest.approx(15_800.0)
+    assert devices.cap_cuda_memory("cuda", 7_900.0) == 7_900.0
+    assert fractions == [pytest.approx(1.0), pytest.approx(0.5)]
+    with pytest.raises(SystemExit) as stopped:
+        devices.cap_cuda_memory("cuda", 16_000.0)
+    assert stopped.value.code == 2 and len(fractions) == 2
+    assert capsys.readouterr().err == (
+        "error: --memory-budget-gb 16: above this GPU's 15.8 GB\n")
+
+
 @pytest.mark.parametrize("text", ["0", "-1", "nan", "abc"])
 def test_memory_budget_must_be_a_positive_number(text):
     with pytest.raises(argparse.ArgumentTypeError, match="must be a number > 0"):
