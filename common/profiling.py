@@ -70,7 +70,7 @@ RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attent
 # On a GPU the peak comes from torch.cuda.max_memory_allocated; the trace's memory events are the
 # lesson only where memory is. On a CPU every demo reads its peak from them.
 PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention",
-                                       "memory_leak", "fragmentation"})
+                                       "memory_leak", "fragmentation", "memory_ladder"})
 
 
 def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
