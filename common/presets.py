@@ -216,7 +216,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
                        sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=4, seq_len=2048)),
         # 2 blocks of d_model 512 (8 heads of 64) over 4 x 1024 tokens, FP32, one core: the
         # written-out attention took 947 ms forward and backward per block against SDPA's 333 ms
-        # (issue 14, on the project's 2-core box); its scores are 128 MB a block.
+        # (on the project's 2-core box); its scores are 128 MB a block.
         "cpu": Preset(batch_size=4, steps=3, warmup_steps=1,
                       sizes=dict(vocab=1024, d_model=512, heads=8, blocks=2, seq_len=1024)),
         # Tiny but long: 512 tokens, the verdict's cut, so the smoke trace can show it.
@@ -245,7 +245,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "cuda": Preset(batch_size=128, steps=100, warmup_steps=10,
                        sizes=dict(width=512, blocks=200, num_classes=10)),
         # 100 blocks 128 wide (402 tensors), batch 64, one core: AdamW(foreach=False) ~22 ms a
-        # step, fused ~4 ms (issue 14, measured on the 2-core box), beside ~15 ms of model.
+        # step, fused ~4 ms (measured on the project's 2-core box), beside ~15 ms of model.
         "cpu": Preset(batch_size=64, steps=30, warmup_steps=3,
                       sizes=dict(width=128, blocks=100, num_classes=10)),
         # 50 blocks 16 wide (202 tensors): little math, so the per-tensor loop shows even here.

@@ -55,8 +55,8 @@ H2D_MIN_PCT = 10.0  # % of the window in host-to-device copies no kernel overlap
 # pageable scalar, say: 0.4 % of a100_80gb's copy time), and pinning the rest saves less.
 H2D_PAGEABLE_MIN_PCT = 10.0  # % of the host-to-device copy time from pageable memory
 # Optimizer overhead: "high time in optimizer.step: use a fused optimizer" (practitioners'
-# guides); 15 % of the step is issue 14's cut. Per-tensor: no multi-tensor operator
-# (metrics.MULTI_TENSOR_MARKERS) runs in the optimizer region.
+# guides); 15 % of the step is the project's cut, set with the pair. Per-tensor: no multi-tensor
+# operator (metrics.MULTI_TENSOR_MARKERS) runs in the optimizer region.
 UNFUSED_OPTIMIZER_MIN_PCT = 15.0  # % of the window in the optimizer region
 # ...and its time goes to per-operator overhead, not to moving bytes: the region's time over the
 # operators in it. Eager PyTorch pays a few µs of dispatch (and, on a GPU, launch) per operator;
@@ -70,12 +70,12 @@ UNFUSED_OPTIMIZER_MAX_US_PER_OP = 20.0  # µs of the optimizer region per operat
 # 27 µs each over ResNet-18's 62 tensors), SGD's 1, SGD with momentum's 3.
 UNFUSED_OPTIMIZER_CALLS_PER_TENSOR_MIN = 3.0  # operator calls per parameter tensor
 # Hand-written attention: a softmax over a square [..., s, s] score matrix with s at least this
-# (issue 14; at 512 tokens the matrix of one head already holds 256 K scores a sample), and no
-# scaled_dot_product_attention operator in the window.
+# (the project's cut, set with the pair; at 512 tokens the matrix of one head already holds 256 K
+# scores a sample), and no scaled_dot_product_attention operator in the window.
 NAIVE_ATTENTION_MIN_SEQ = 512  # tokens
 # DDP gradient accumulation: DistributedDataParallel forwards (micro-batches) per step followed
-# by collectives before the next; without no_sync every one is, with it only the last (issue 13:
-# "collectives per step exceed one per gradient bucket per step").
+# by collectives before the next; without no_sync every one is, with it only the last (the pair's
+# rule: "collectives per step exceed one per gradient bucket per step").
 DDP_SYNCED_MICRO_BATCHES_MIN = 2  # micro-batches per step that end in an all-reduce
 # Host overhead: the GPU waits for the host to enqueue its next op (gpu.idle_by_cause_pct's
 # "launch") for at least half the window, and the launch calls do not explain it (not launch

@@ -1,5 +1,5 @@
 """The model FLOPs a transformer run records, and the share of a GPU's BF16 peak the summary
-reports from them (issue 11's mixed_precision target: >= 40 % of the dense BF16 peak)."""
+reports from them (mixed_precision's target: >= 40 % of the dense BF16 peak)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
