@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from torchvision import transforms
 
 from common import harness, runs
 from common.trace import BYTES_PER_MB
@@ -43,6 +42,9 @@ class JpegImages(Dataset):
 
     def __init__(self, length: int, source_px: int, crop_px: int, num_classes: int,
                  distinct_images: int, seed: int, uint8: bool = False):
+        # Here, not at the top: importing torchvision takes ~1.5 s (its models), which every
+        # demo without images would pay at start-up.
+        from torchvision import transforms
         rng = np.random.default_rng(seed)
         self.jpegs = []
         for _ in range(distinct_images):

@@ -5,7 +5,6 @@ import math
 from collections.abc import Callable
 
 import torch
-import torchvision
 
 from common import harness, runs
 
@@ -25,6 +24,7 @@ def resnet(run) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def resnet_model(run) -> torch.nn.Module:
     """ResNet-18 (or the depth in run.sizes["resnet_depth"]: 50 for ResNet-50), randomly
     initialised (weights=None: nothing is downloaded), on the run's device."""
+    import torchvision  # here, not at the top: ~1.5 s to import, which only ResNet demos need
     depth = run.sizes.get("resnet_depth", 18)
     build = getattr(torchvision.models, f"resnet{depth}")
     return build(weights=None, num_classes=run.sizes["num_classes"]).to(run.device)
