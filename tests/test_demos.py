@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from common import trace
 from tests.conftest import assert_timing_is_consistent, read_summary, run_demo
@@ -70,9 +71,10 @@ def test_help_describes_the_demo_and_the_flags():
 
 
 def test_bad_flags_are_one_clear_error_with_exit_code_2():
-    for args in (["--steps", "0"], ["--device", "tpu"], ["--frobnicate"],
-                 ["--memory-budget-gb", "0"]):
-        result = run_demo("dataloader_workers", "bad", *args)
+    cases = (["--steps", "0"], ["--device", "tpu"], ["--frobnicate"], ["--memory-budget-gb", "0"])
+    with ThreadPoolExecutor(max_workers=2) as pool:  # a process each, two at a time: 2 cores
+        results = list(pool.map(lambda args: run_demo("dataloader_workers", "bad", *args), cases))
+    for result in results:
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
         assert "error:" in result.stderr.splitlines()[-1]

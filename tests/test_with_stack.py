@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -21,6 +22,9 @@ from tests.conftest import ROOT, read_summary, run_demo
 # measure with the script's own step, measure across ranks, generate, serve_texts (its threads).
 DEMOS = ("dataloader_workers", "small_batch", "memory_leak", "ddp_no_sync", "llm_decode",
          "tokenizer_bound")
+# Those runs two at a time (the CI machine's cores): each is a process of its own, and what the
+# test reads of it (the frames in its trace) does not depend on how fast it ran.
+WITH_STACK_JOBS = 2
 PY_SPY_TIMEOUT_S = 300  # a smoke run of host_roundtrip/bad takes seconds; this stops a hang
 PY_SPY_RATE_HZ = 200  # the walkthrough's rate
 HOST_ROUNDTRIP_BAD = ROOT / "demos" / "host_roundtrip" / "bad.py"
@@ -71,10 +75,23 @@ def function_lines(path, name: str) -> range:
     return range(function.lineno, function.end_lineno + 1)
 
 
+@pytest.fixture(scope="module")
+def with_stack_runs(tmp_path_factory) -> dict:
+    """Each of DEMOS' bad.py at smoke sizes with --with-stack: {demo: (the finished process, its
+    output root)}."""
+    out = tmp_path_factory.mktemp("with_stack")
+
+    def run(demo: str) -> subprocess.CompletedProcess:
+        return run_demo(demo, "bad", "--smoke", "--device", "cpu", "--with-stack",
+                        "--out", str(out / demo))
+
+    with ThreadPoolExecutor(max_workers=WITH_STACK_JOBS) as pool:
+        return {demo: (result, out / demo) for demo, result in zip(DEMOS, pool.map(run, DEMOS))}
+
+
 @pytest.mark.parametrize("demo", DEMOS)
-def test_with_stack_records_the_script_s_own_frames(tmp_path, demo):
-    result = run_demo(demo, "bad", "--smoke", "--device", "cpu", "--with-stack",
-                      "--out", str(tmp_path))
+def test_with_stack_records_the_script_s_own_frames(with_stack_runs, demo):
+    result, tmp_path = with_stack_runs[demo]
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert read_summary(tmp_path, demo, "bad")["config"]["profiler_with_stack"] is True
     detail = analyze.analyze(tmp_path / demo / "bad")
