@@ -173,6 +173,18 @@ def memory_rows(folder: Path) -> list[dict]:
     return rows
 
 
+def batch_words(batch_size: int, micro_batches: int) -> str:
+    """"batch 8", or "batch 8 in 4 micro-batches" where the rung accumulates gradients."""
+    return f"batch {batch_size}" + (f" in {micro_batches} micro-batches" if micro_batches > 1
+                                    else "")
+
+
+def peak_memory_words(peak_memory_mb: float | None) -> str:
+    """"peak memory 1,262.2 MB", or "peak memory n/a" for a run without it."""
+    return ("peak memory n/a" if peak_memory_mb is None
+            else f"peak memory {peak_memory_mb:,.1f} MB")
+
+
 def ratio(now: float | None, before: float | None) -> float | None:
     return None if not now or not before else now / before
 
@@ -220,16 +232,14 @@ def format_memory_table(rows: list[dict]) -> str:
     budgets = {row["budget_mb"] for row in rows}
     said = (f"budget {gb(first['budget_mb'])}" if len(budgets) == 1 else "budgets differ: "
             + ", ".join(f"{row['rung']} {gb(row['budget_mb'])}" for row in rows))
-    lines = [f"memory ladder: {len(rows)} rungs on {first['device']} ({first['device_name']}); "
-             f"{said}, held against {of}"]
+    lines = [(f"memory ladder: {len(rows)} rungs on {first['device']} ({first['device_name']}); "
+              f"{said}, held against {of}")]
     for row in rows:
-        batch = f"batch {row['batch_size']}" + (f" in {row['micro_batches']} micro-batches"
-                                                if row["micro_batches"] > 1 else "")
+        batch = batch_words(row["batch_size"], row["micro_batches"])
         if not row["ran"]:
             lines.append(f"{row['rung']:<24} {fits_words(row)} | {batch} | no run: {row['error']}")
             continue
-        memory = ("peak memory n/a" if row["peak_memory_mb"] is None
-                  else f"peak memory {row['peak_memory_mb']:,.1f} MB")
+        memory = peak_memory_words(row["peak_memory_mb"])
         if row["memory_vs_previous"] is not None:
             memory += f" (vs the rung before: {memory_words(row['memory_vs_previous'])})"
         speed = f"{row['samples_per_s']:,.1f} samples/s"

@@ -396,12 +396,9 @@ def memory_ladder_bars(rows: list[dict]) -> list[dict]:
     ladder.format_memory_table says them."""
     bars = []
     for row in rows:
-        batch = f"batch {row['batch_size']}" + (f", {row['micro_batches']} micro-batches"
-                                                if row["micro_batches"] > 1 else "")
+        batch = ladder.batch_words(row["batch_size"], row["micro_batches"])
         if row["ran"]:
-            memory = ("peak memory n/a" if row["peak_memory_mb"] is None
-                      else f"peak memory {row['peak_memory_mb']:,.1f} MB")
-            words = (f"{ladder.fits_words(row)}; {memory}",
+            words = (f"{ladder.fits_words(row)}; {ladder.peak_memory_words(row['peak_memory_mb'])}",
                      f"{row['samples_per_s']:,.1f} samples/s")
             end = row["peak_mb"]
         else:

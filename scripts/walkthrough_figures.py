@@ -579,12 +579,6 @@ def headline_ladder(run: Run) -> str:
             f"samples/s{gain}; DataLoader {run.cell('DataLoader %')} % of the steps")
 
 
-def micro_batches_words(count: int) -> str:
-    """Gradient accumulation's micro-batches in words, as compare's memory table says them: ""
-    without, " in 4 micro-batches" with."""
-    return "" if count <= 1 else f" in {count} micro-batches"
-
-
 def headline_memory_ladder(run: Run) -> str:
     """A rung of the memory ladder: its batch (in micro-batches where it accumulates) and its
     weights' dtype; its peak memory and samples/s as compare's memory table prints them (the
@@ -592,11 +586,10 @@ def headline_memory_ladder(run: Run) -> str:
     fits.png's to say: the budget is held against the process's resident memory on a CPU, which
     the memory panel does not draw."""
     summary = run.summary
-    batches = micro_batches_words(run.config.get("accumulation_micro_batches", 1))
-    memory = ("peak memory n/a" if summary.get("peak_memory_mb") is None
-              else f"peak memory {summary['peak_memory_mb']:,.1f} MB")
-    return (f"{run.variant} (batch {summary['batch_size']}{batches}, "
-            f"{run.config.get('dtype', 'float32')} weights): {memory}, "
+    batch = ladder.batch_words(summary["batch_size"],
+                               run.config.get("accumulation_micro_batches", 1))
+    return (f"{run.variant} ({batch}, {run.config.get('dtype', 'float32')} weights): "
+            f"{ladder.peak_memory_words(summary.get('peak_memory_mb'))}, "
             f"{summary['samples_per_s']:,.1f} samples/s")
 
 
