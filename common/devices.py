@@ -164,7 +164,8 @@ def cap_cuda_memory(device: torch.device, budget_mb: float, given: bool = True) 
             fail(f"--memory-budget-gb {budget_mb / MB_PER_GB:g}: above this GPU's "
                  f"{total_mb / MB_PER_GB:.1f} GB")
         budget_mb = total_mb
-    torch.cuda.set_per_process_memory_fraction(budget_mb / total_mb, device)
+    # torch wants an index here, not the bare "cuda" of --device; None is the current GPU
+    torch.cuda.set_per_process_memory_fraction(budget_mb / total_mb, torch.device(device).index)
     return budget_mb
 
 

@@ -250,12 +250,20 @@ def test_a_preset_budget_above_the_gpu_gives_way_and_a_given_one_is_an_error(mon
                                                                              capsys):
     """On a 16 GB card (15.8 GB reported) the memory ladder's 16 GB default caps the allocator
     at the whole card; the same budget given by the user stops in one line; one under the card
-    is a fraction of it. The CUDA calls are stood in for: this checks the arithmetic."""
+    is a fraction of it. The CUDA calls are stood in for: this checks the arithmetic, and that the
+    device reaches torch as it accepts one (an index or None, never the bare "cuda", which
+    torch's own check refuses)."""
+    from torch.cuda._utils import _get_device_index
+
+    def set_fraction(fraction, device=None):
+        if device is not None:
+            _get_device_index(device)  # raises on "cuda" without an index, as torch does
+        fractions.append(fraction)
+
     fractions = []
     monkeypatch.setattr(devices.torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=15.8e9))
-    monkeypatch.setattr(devices.torch.cuda, "set_per_process_memory_fraction",
-                        lambda fraction, device: fractions.append(fraction))
+    monkeypatch.setattr(devices.torch.cuda, "set_per_process_memory_fraction", set_fraction)
     assert devices.cap_cuda_memory("cuda", 16_000.0, given=False) == pytest.approx(15_800.0)
     assert devices.cap_cuda_memory("cuda", 7_900.0) == 7_900.0
     assert fractions == [pytest.approx(1.0), pytest.approx(0.5)]
