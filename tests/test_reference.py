@@ -454,6 +454,10 @@ TARGET_ROWS = {
     "host_roundtrip": lambda c: [(c["speedup"], "{:.2f}×", (">=", 2.0)),
                                  (syncs(c, "bad"), "{:.1f} syncs a step →", (">=", 5.0)),
                                  (syncs(c, "fixed"), "→ {:.1f}", ("<=", 0.0))],
+    # latency_ratio is fixed's p50 per-token latency over bad's (the summary's rated_by)
+    "llm_decode": lambda c: [(c["speedup"], "{:.2f}×", (">=", 3.0)),
+                             (1 / c["latency_ratio"], "{:.2f}× lower p50 per-token latency",
+                              (">=", 3.0))],
     "tokenizer_bound": lambda c: [(c["speedup"], "{:.2f}×", (">=", 3.0)),
                                   (1 / c["latency_ratio"], "{:.2f}× lower p50 latency", None)],
     "memory_leak": lambda c: [

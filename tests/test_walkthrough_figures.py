@@ -29,9 +29,11 @@ from tests.conftest import ROOT
 SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
-CPU_PAIRS = ("llm_decode",)  # pictures from CPU runs so far
+CPU_PAIRS = ()  # pictures from CPU runs of pairs that need a GPU: none left (llm_decode has one)
 # Pictures from CPU runs of pairs whose lesson shows on a CPU too (not yet run on a GPU).
-CPU_LESSON_PAIRS = ("ladder", "memory_ladder")
+CPU_LESSON_PAIRS = ("ladder",)
+# Drawn from a CPU run beside a GPU's, which has no trace of rung 0 (it stopped at the cap).
+CPU_MEMORY_PAIRS = ("memory_ladder",)
 # Pairs with no picture: fragmentation's lesson is memory reserved beside memory allocated, and
 # the figure's memory panel draws allocated only.
 NO_PICTURE_YET = {"fragmentation"}
@@ -211,6 +213,9 @@ def expected_numbers(demo: str, panel, run_dir) -> tuple[list[str], list[str]]:
         return ([f"{summary['samples_per_s']:.1f}", step_p50,
                  grab(out, r"cpu_exec (\S+?)(?:,|$)", "breakdown"),
                  grab(out, r"other (\S+?)(?:,|$)", "breakdown")], [])
+    if demo == "llm_decode" and on_gpu:  # tokens/s; the launch calls a step, the GPU's share
+        return ([f"{summary['tokens_per_s']:.0f}", grab(out, r"^host (\S+) launches/step", "host"),
+                 utilization], [str(config["new_tokens"])])
     if demo == "llm_decode":
         return ([f"{summary['tokens_per_s']:.0f}", aten_cat_calls_per_step(run_dir)],
                 [str(config["new_tokens"])])
@@ -296,11 +301,13 @@ def test_the_brief_examples(drawn):
 
 
 CPU_WORDS = {"needs": "needs a CUDA GPU; not yet run on one",
-             "lesson": "its lesson shows on a CPU too; not yet run on a GPU"}
+             "lesson": "its lesson shows on a CPU too; not yet run on a GPU",
+             "memory": "its lesson shows on a CPU too; a GPU's rung 0 stops at the cap"}
 
 
 @pytest.mark.parametrize("demo, says", [*((demo, "needs") for demo in CPU_PAIRS),
-                                        *((demo, "lesson") for demo in CPU_LESSON_PAIRS)])
+                                        *((demo, "lesson") for demo in CPU_LESSON_PAIRS),
+                                        *((demo, "memory") for demo in CPU_MEMORY_PAIRS)])
 def test_cpu_pictures_exist_and_say_cpu(drawn, demo, says):
     """The pairs the H100 reference lacks are drawn from their CPU runs, and say so in the
     figure's title: "CPU run", the CPU, torch, and either what the pair needs or, where its
@@ -366,14 +373,20 @@ def test_recompiles_draws_regions_recompiles_and_eager_fallback(drawn):
 @pytest.mark.skipif(not CPU_REFERENCE.is_dir(), reason="no CPU runs committed")
 def test_cpu_pictures_draw_the_host_side_of_the_lesson(drawn):
     """llm_decode (a CPU run): bad's token runs every block's operators, aten::cat among them;
-    fixed's is one compiled call (no aten::cat between). tokenizer_bound: bad's tokenize region
+    fixed's is one compiled call (no aten::cat between); on a GPU, fixed's kernels fill more
+    than twice the share of the window bad's do. tokenizer_bound: bad's tokenize region
     holds most of its batch with no operator (CPU) or kernel (GPU) running. host_roundtrip: bad's
     forward has stretches with nothing running (its Python loop; the GPU waiting on it), longer
     than fixed's."""
-    decode = drawn["llm_decode"].panels
-    assert decode["bad"].rows["op:aten::cat"].any()
-    assert decode["fixed"].rows["op:Torch-Compiled Region"].any()
-    assert not decode["bad"].rows["op:Torch-Compiled Region"].any()
+    if drawn["llm_decode"].reference == CPU_REFERENCE:
+        decode = drawn["llm_decode"].panels
+        assert decode["bad"].rows["op:aten::cat"].any()
+        assert decode["fixed"].rows["op:Torch-Compiled Region"].any()
+        assert not decode["bad"].rows["op:Torch-Compiled Region"].any()
+    else:  # a GPU run: bad's kernels a comb of slivers, fixed's tokens dense blocks (graphs)
+        decode = drawn["llm_decode"].panels
+        busy = {variant: panel.rows[figures.GPU_ROW].mean() for variant, panel in decode.items()}
+        assert busy["fixed"] > 2 * busy["bad"], busy
     tokenize = drawn["tokenizer_bound"]
     busy = tokenize.panels["bad"].rows["region:tokenize"] > 0.5
     # on a CPU no operator runs while it tokenizes; on a GPU no kernel does either
@@ -556,6 +569,31 @@ def test_the_waterfall_chart_draws_a_loss_as_one():
     words = report.waterfall_bars(rows)[2]["words"]
     assert "vs the rung before: 1.25x fewer samples/s" in words  # a loss, its own factor
     assert "vs rung 0: 1.60x more samples/s" in words and "top verdict: x\n" not in words
+
+
+def test_a_memory_ladder_whose_rung_0_ran_out_of_memory_draws_its_picture_elsewhere(tmp_path):
+    """The memory ladder's picture is rung 0's memory against the last rung's. A GPU reference
+    whose rung 0 stopped at the cap (a record, no trace) cannot draw it: the picture comes from
+    the next reference that ran rung 0, the chart of which rungs fit from the first that has the
+    ladder at all (the GPU's, whose cap is the budget)."""
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    runs = {gpu: {"rung0_baseline": "out_of_memory.json", "rung1_bf16": "out_of_memory.json",
+                  "rung2_checkpointing": "summary.json", "rung4_sdpa": "summary.json"},
+            cpu: {"rung0_baseline": "summary.json", "rung4_sdpa": "summary.json"}}
+    for reference, rungs in runs.items():
+        for rung, record in rungs.items():
+            (reference / "memory_ladder" / rung).mkdir(parents=True)
+            (reference / "memory_ladder" / rung / record).write_text(
+                json.dumps({"demo": "memory_ladder"}))
+    assert figures.runs_drawn("memory_ladder", gpu) == {"bad": "rung2_checkpointing",
+                                                        "fixed": "rung4_sdpa"}
+    assert not figures.in_reference("memory_ladder", gpu)
+    assert figures.reference_of("memory_ladder", (gpu, cpu)) == cpu
+    assert figures.fits_reference_of("memory_ladder", (gpu, cpu)) == gpu
+    (gpu / "memory_ladder" / "rung0_baseline" / "out_of_memory.json").unlink()  # rung 0 ran
+    (gpu / "memory_ladder" / "rung0_baseline" / "summary.json").write_text("{}")
+    assert figures.reference_of("memory_ladder", (gpu, cpu)) == gpu
+    assert figures.fits_reference_of("memory_ladder", (tmp_path / "none", cpu)) == cpu
 
 
 @pytest.mark.parametrize("demo, chart", [("ladder", "waterfall.png"),
