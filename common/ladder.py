@@ -17,8 +17,8 @@ from common import analyze, trace
 
 RUNG_FOLDER = re.compile(r"^rung(\d+)_(\w+)$")
 # The pair that teaches each rung's fix, which a verdict names (its "demo") when it names the fix.
-FIX_DEMO = {"workers": "dataloader_workers", "bf16": "mixed_precision", "batch": "small_batch",
-            "compile": "launch_overhead", "fused_optimizer": "unfused_optimizer"}
+FIX_DEMO = {"workers": "dataloader_workers", "fused_optimizer": "unfused_optimizer",
+            "batch": "small_batch", "bf16": "mixed_precision", "compile": "launch_overhead"}
 # Fixes no rule can name on a CPU, and why: the chain skips them there, with the reason.
 CPU_SILENT_FIXES = {
     "bf16": "BF16's gain is the tensor cores': no rule reads a CPU's matmul precision",

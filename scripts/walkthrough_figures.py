@@ -190,7 +190,8 @@ CPU_LESSON_NOTE = "its lesson shows on a CPU too; not yet run on a GPU"
 CPU_LESSON_DEMOS = ("memory_leak", "recompiles", "ladder", "memory_ladder")
 # The memory ladder's picture comes from a CPU run even beside a GPU's: at the cuda preset rung 0
 # stops at the 16 GB cap, leaving no trace to draw (in_reference).
-CPU_LESSON_NOTES = {"memory_ladder": "its lesson shows on a CPU too; a GPU's rung 0 stops at the cap"}
+CPU_LESSON_NOTES = {
+    "memory_ladder": "its lesson shows on a CPU too; a GPU's rung 0 stops at the cap"}
 
 
 @dataclass(frozen=True)
@@ -336,8 +337,8 @@ ZOOMS = {
                        labels=((FRAME_ROW_PREFIX + "0", "compiled regions,\nframe 0 (forward)"),
                                (FRAME_ROW_PREFIX + "1", "frame 1: forward\nafter the .item()"))),
     # The ladder as dataloader_workers draws its pair: rung 0 decodes its JPEGs in the training
-    # process, the GPU idle meanwhile; the last rung (workers, BF16, a larger batch, compiled, a
-    # fused optimizer) runs several steps in one of rung 0's. Chosen before the ladder had a GPU
+    # process, the GPU idle meanwhile; the last rung (workers, a fused optimizer, a larger
+    # batch, BF16, compiled) runs several steps in one of rung 0's. Chosen before the ladder had a GPU
     # run (it is not in the H100 reference yet): check it against the first one.
     "ladder": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer", GPU_ROW),
                    steps=1, what="one step of rung 0", note=LADDER_NOTE),
@@ -355,8 +356,8 @@ ZOOMS = {
 # The pairs whose picture comes from a CPU run until the GPU reference has them: what a CPU
 # shows of the lesson (the host's side of it: no kernels, no waits).
 CPU_ZOOMS = {
-    # One step of the last rung, the longer (its batch is 4 times rung 0's: 64 samples in 403 ms
-    # against 16 in 304 ms on the CPU reference), so each panel shows a whole step: rung 0's
+    # One step of the last rung, the longer (its batch is 4 times rung 0's: 64 samples in 394 ms
+    # against 16 in 313 ms on the CPU reference), so each panel shows a whole step: rung 0's
     # opens with its DataLoader decoding (29 % of its steps), the last rung's has no wait.
     "ladder": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer"), steps=1,
                    of="fixed", what="one step of the last rung", note=LADDER_NOTE),

@@ -29,7 +29,7 @@ from tests.conftest import ROOT
 SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu"
-CPU_PAIRS = ()  # pictures from CPU runs of pairs that need a GPU: none left (llm_decode has one)
+CPU_PAIRS = ()  # pictures from CPU runs of pairs that need a GPU: none left
 # Pictures from CPU runs of pairs whose lesson shows on a CPU too (not yet run on a GPU).
 CPU_LESSON_PAIRS = ("ladder",)
 # Drawn from a CPU run beside a GPU's, which has no trace of rung 0 (it stopped at the cap).

@@ -2,7 +2,6 @@
 64 on a CPU) in place of 16: each step's fixed costs (launches, the optimizer's update of every
 weight) are paid for 4 to 16 times the samples, and each kernel has enough work to fill the GPU.
 See README.md in this folder."""
-import torch
 from torch.utils.data import DataLoader
 
 from common import data, harness, models, presets
@@ -17,9 +16,8 @@ def main() -> None:
                         num_workers=presets.loader_workers(run.device.type),
                         pin_memory=run.is_cuda, persistent_workers=True)
     model = models.resnet_model(run)
-    optimizer = models.adamw(run, model, foreach=False)
-    # convolutions and matmuls in BF16: tensor cores on a GPU, half the bytes to move
-    harness.train(run, model, optimizer, loader, autocast_dtype=torch.bfloat16)
+    optimizer = models.adamw(run, model, **models.fused_or_foreach(run))  # one update for all
+    harness.train(run, model, optimizer, loader, autocast_dtype=None)  # FP32 math
 
 
 if __name__ == "__main__":
