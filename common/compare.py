@@ -736,18 +736,18 @@ def main(argv: list[str] | None = None) -> int:
     flags = parser.parse_args(argv)
     if len(flags.paths) > 2:
         parser.error(f"one DEMO_DIR or two runs (BEFORE AFTER), not {len(flags.paths)} paths")
-    if len(flags.paths) == 1 and ladder.is_memory_ladder(flags.paths[0]):
-        rows = ladder.memory_rows(flags.paths[0])
-        return analyze.print_output(json.dumps({"memory_ladder": rows}, indent=2) if flags.json
-                                    else ladder.format_memory_table(rows))
-    if len(flags.paths) == 1 and ladder.is_ladder(flags.paths[0]):  # rungs, not a pair
-        rows = ladder.ladder_rows(flags.paths[0])
-        return analyze.print_output(json.dumps({"ladder": rows}, indent=2) if flags.json
-                                    else ladder.format_waterfall(rows))
-    try:
+    try:  # a rung or run without its trace, or runs that differ: one line, exit 2
+        if len(flags.paths) == 1 and ladder.is_memory_ladder(flags.paths[0]):
+            rows = ladder.memory_rows(flags.paths[0])
+            return analyze.print_output(json.dumps({"memory_ladder": rows}, indent=2)
+                                        if flags.json else ladder.format_memory_table(rows))
+        if len(flags.paths) == 1 and ladder.is_ladder(flags.paths[0]):  # rungs, not a pair
+            rows = ladder.ladder_rows(flags.paths[0])
+            return analyze.print_output(json.dumps({"ladder": rows}, indent=2) if flags.json
+                                        else ladder.format_waterfall(rows))
         comparison = (compare(flags.paths[0]) if len(flags.paths) == 1
                       else compare_runs(*flags.paths))
-    except CompareError as error:
+    except (CompareError, trace.TraceError) as error:
         print(f"compare: {error}", file=sys.stderr)
         return 2
     return analyze.print_output(json.dumps(comparison, indent=2) if flags.json

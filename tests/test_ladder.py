@@ -91,6 +91,18 @@ def test_waterfall_and_chain_from_rows(tmp_path, monkeypatch):
                     "named": None}
 
 
+def test_compare_on_a_ladder_with_a_rung_missing_its_trace_is_one_line(tmp_path, capsys):
+    """A rung folder with its summary but no trace (a copy half made, a trace deleted): compare
+    says which folder in one line and exits 2, as for a pair, not a traceback."""
+    for name in ("rung0_baseline", "rung1_workers"):
+        rung_run(tmp_path, name, "cpu", 50.0, [])
+    assert compare.main([str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"compare: {tmp_path / 'rung0_baseline'}: no .pt.trace.json")
+    assert captured.err.count("\n") == 1
+
+
 def test_compare_prints_the_waterfall_of_a_ladder_folder(demos_smoke, capsys):
     assert {f"ladder/{rung}" for rung in run_demos.rungs_of("ladder")} <= demos_smoke.ran
     assert compare.main([str(demos_smoke.out / "ladder")]) == 0
