@@ -385,6 +385,15 @@ def copies_line(way: dict) -> str:
     return text + f", pinned {pinned:.1f} %, pageable {pageable:.1f} % of the time)"
 
 
+def peak_memory_line(peak_mb: float | None, device_mb: float | None) -> str:
+    """The peak of the trace's [memory] events, against the device's memory where the trace
+    gives it; a trace recorded without profile_memory has no such events, and says so."""
+    if peak_mb is None:
+        return ("peak memory  not in the trace (no [memory] events: profile_memory=True records "
+                "them)" + (f"; the device has {device_mb:.0f} MB" if device_mb else ""))
+    return f"peak memory  {peak_mb:.0f} MB" + (f" of {device_mb:.0f} MB" if device_mb else "")
+
+
 def format_human(result: dict) -> str:
     step = result["step_ms"]
     lines = [f"trace        {result['trace']}",
@@ -397,8 +406,7 @@ def format_human(result: dict) -> str:
              + f", step time mean {step['mean']:.1f} ms, p50 {step['p50']:.1f} ms, "
                f"p95 {step['p95']:.1f} ms",
              f"DataLoader   {result['dataloader_pct']:.1f} % of the steps",
-             f"peak memory  {fmt(result['peak_memory_mb'], '.0f', ' MB')}"
-             + (f" of {result['device_memory_mb']:.0f} MB" if result["device_memory_mb"] else "")]
+             peak_memory_line(result["peak_memory_mb"], result["device_memory_mb"])]
     lines += memory_lines(result["memory"])
     lines += compiled_lines(result["compiled"])
     if result["input_batch"] is not None:

@@ -221,7 +221,15 @@ def test_a_trace_without_memory_events_has_none(tmp_path):
     built.op("aten::mm", START_US + 10, 100)
     result = analysed(tmp_path, built)
     assert result["memory"] is None
-    assert not any(line.startswith("memory") for line in analyze.format_human(result).splitlines())
+    text = analyze.format_human(result)
+    assert not any(line.startswith("memory") for line in text.splitlines())
+    # the peak line says why it has no number (not "n/a"), and, on a GPU, the device's memory
+    assert ("peak memory  not in the trace (no [memory] events: profile_memory=True records them)"
+            "\n") in text
+    built.gpu()
+    built.launch(START_US + 50, 5, START_US + 60, 100)
+    on_gpu = analyze.format_human(analysed(tmp_path, built, "gpu"))
+    assert (f"records them); the device has {H100_MEMORY_BYTES / MB:.0f} MB\n") in on_gpu
 
 
 def test_freed_blocks_are_not_kept_and_a_reused_address_means_a_free(tmp_path):
