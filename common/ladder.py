@@ -215,6 +215,26 @@ def first_fitting(rows: list[dict]) -> dict | None:
     return fitting
 
 
+def fits_headline(rows: list[dict]) -> str:
+    """The memory ladder in a line, for a table of results: the first rung that fits the budget
+    and the peak it holds there, and what the rungs before it did ("rung2_checkpointing fits
+    16 GB at 11,444.2 MB; the 2 rungs before it ran out of memory at the cap")."""
+    budget = gb(rows[0]["budget_mb"])
+    fitting = first_fitting(rows)
+    if fitting is None:
+        return f"no rung fits {budget}"
+    before = [row for row in rows if row["k"] < fitting["k"]]
+    words = f"{fitting['rung']} fits {budget} at {fitting['peak_mb']:,.1f} MB"
+    if before:
+        stopped = sum(not row["ran"] for row in before)
+        words += (f"; the {len(before)} rungs before it " if len(before) > 1
+                  else "; the rung before it ")
+        words += ("ran out of memory at the cap" if stopped == len(before) else
+                  f"went over the budget, {stopped} out of memory at the cap" if stopped else
+                  "went over the budget")
+    return words
+
+
 def fits_words(row: dict) -> str:
     if not row["ran"]:
         return "out of memory at the cap"

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file, from any directory
 
-from common import compare, trace
+from common import compare, ladder, trace
 
 VARIANTS = compare.VARIANTS
 TOP_README = ROOT / "README.md"
@@ -100,8 +100,12 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
     order = list(hand) + sorted(demo for demo in comparisons if demo not in hand)
     for demo in order:
         symptom, fix, cpu = hand.get(demo, ("", "", ""))
-        result = (compare.headline(comparisons[demo]) or "n/a" if demo in comparisons
-                  else NOT_IN_REFERENCE)
+        if demo in comparisons:
+            result = compare.headline(comparisons[demo]) or "n/a"
+        elif ladder.is_memory_ladder(folder / demo):  # which rungs fit: no bad and fixed
+            result = ladder.fits_headline(ladder.memory_rows(folder / demo))
+        else:
+            result = NOT_IN_REFERENCE
         lines.append(f"| [`{demo}`](demos/{demo}/) | {symptom} | {fix} | {result} | {cpu} |"
                      .replace("|  |", "| |"))
     return "\n".join(lines)

@@ -300,7 +300,7 @@ ZOOMS = {
     "host_roundtrip": Zoom(HOST, ("forward", SYNC_ROW, "backward", "optimizer", GPU_ROW),
                            steps=1, what="one step of bad"),
     # 5 ms of decoding, from 10 ms into the first request (after the 128-token prompt's pass):
-    # bad's GPU row a comb of kernel slivers, a token's ~170 kernels each launched on its own;
+    # bad's GPU row a comb of kernel slivers, a token's ~111 kernels each launched on its own;
     # fixed's a dense block a token (one CUDA graph launch each), many tokens in the same 5 ms.
     # So on the H100 reference: bad's kernels busy 16 % of the window, fixed's 70 %.
     "llm_decode": Zoom(HOST, ("region:decode", GPU_ROW), start_ms=10.0, width_ms=5.0,

@@ -171,6 +171,27 @@ def test_a_rung_out_of_memory_is_a_row_and_the_first_fit_is_the_one_that_stays(t
     assert ladder.first_fitting(ladder.memory_rows(tmp_path)) is None
 
 
+def test_the_headline_names_the_first_rung_that_fits_and_what_came_before(tmp_path):
+    """The top README's cell for the memory ladder (scripts/reference_tables.py): the first rung
+    that fits, the peak it holds against the budget, and the rungs before it, out of memory at
+    the cap or over the budget."""
+    memory_rung(tmp_path, "rung0_baseline", peak_mb=None)
+    memory_rung(tmp_path, "rung1_bf16", peak_mb=None)
+    memory_rung(tmp_path, "rung2_checkpointing", peak_mb=900.0)
+    memory_rung(tmp_path, "rung3_accumulation", peak_mb=400.0)
+    assert ladder.fits_headline(ladder.memory_rows(tmp_path)) == (
+        "rung2_checkpointing fits 1 GB at 900.0 MB; the 2 rungs before it ran out of memory at "
+        "the cap")
+    (tmp_path / "rung1_bf16" / trace.OUT_OF_MEMORY_FILE).unlink()
+    memory_rung(tmp_path / "x", "rung1_bf16", peak_mb=1200.0)  # ran, over the budget
+    (tmp_path / "x" / "rung1_bf16" / trace.SUMMARY_FILE).rename(
+        tmp_path / "rung1_bf16" / trace.SUMMARY_FILE)
+    assert ladder.fits_headline(ladder.memory_rows(tmp_path)).endswith(
+        "; the 2 rungs before it went over the budget, 1 out of memory at the cap")
+    memory_rung(tmp_path, "rung4_sdpa", peak_mb=1100.0)  # the last is over: nothing fits
+    assert ladder.fits_headline(ladder.memory_rows(tmp_path)) == "no rung fits 1 GB"
+
+
 def test_the_report_draws_the_table_and_which_rungs_fit(tmp_path):
     folder = tmp_path / "memory_ladder"
     memory_rung(folder, "rung0_baseline", peak_mb=None)

@@ -89,7 +89,7 @@ SGD_MOMENTUM_LOOP = ("aten::mul_", "aten::add_", "aten::add_")
     (("aten::add_",), False),  # plain SGD: one pass a tensor, its time the bytes
 ])
 def test_unfused_optimizer_passes_per_tensor_over_the_per_op_cut(tmp_path, loop, fires):
-    """Operators slower than the per-operator cut (27 µs each, as the ladder's rung 4 measured
+    """Operators slower than the per-operator cut (27 µs each, as the ladder's rung 1 measured
     over ResNet-18's large tensors) still leave a fused kernel less to do where the loop calls
     several per tensor: each reads and writes the whole tensor."""
     region_us = STEP_US * 0.30

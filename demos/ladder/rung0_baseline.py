@@ -1,6 +1,6 @@
 """The ladder, rung 0 (the baseline): ResNet trained on JPEG photos that the DataLoader decodes,
 crops and flips, written as a first script is: the training process prepares every batch itself,
-FP32 math, a batch of 16, eager PyTorch, and AdamW's loop over the parameters one at a time.
+AdamW's loop over the parameters one at a time, a batch of 16, FP32 math, eager PyTorch.
 Each later rung makes one fix, the one the analyzer names first on the rung before. See README.md
 in this folder."""
 from torch.utils.data import DataLoader
