@@ -374,10 +374,10 @@ def test_recompiles_draws_regions_recompiles_and_eager_fallback(drawn):
 def test_cpu_pictures_draw_the_host_side_of_the_lesson(drawn):
     """llm_decode, drawn from a CPU run: bad's token runs every block's operators, aten::cat
     among them; fixed's is one compiled call (no aten::cat between). Drawn from a GPU run (the
-    H100's): fixed's kernels fill more than twice the share of the window bad's do. tokenizer_bound: bad's tokenize region
-    holds most of its batch with no operator (CPU) or kernel (GPU) running. host_roundtrip: bad's
-    forward has stretches with nothing running (its Python loop; the GPU waiting on it), longer
-    than fixed's."""
+    H100's): fixed's kernels fill more than twice the share of the window bad's do.
+    tokenizer_bound: bad's tokenize region holds most of its batch with no operator (CPU) or
+    kernel (GPU) running. host_roundtrip: bad's forward has stretches with nothing running (its
+    Python loop; the GPU waiting on it), longer than fixed's."""
     if drawn["llm_decode"].reference == CPU_REFERENCE:
         decode = drawn["llm_decode"].panels
         assert decode["bad"].rows["op:aten::cat"].any()
