@@ -905,8 +905,7 @@ def fits_reference_of(demo: str, references: tuple[Path, ...] = DEFAULT_REFERENC
                       ) -> Path | None:
     """The first of `references` that holds demo's memory ladder (two rungs or more, run or out
     of memory): its chart of which rungs fit the budget, a GPU's first, whose cap enforces it."""
-    return next((folder for folder in references
-                 if len(ladder.rung_folders(Path(folder) / demo, ladder.MEMORY_RECORDS)) >= 2),
+    return next((folder for folder in references if ladder.is_memory_ladder(Path(folder) / demo)),
                 None)
 
 
