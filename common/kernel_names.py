@@ -345,3 +345,51 @@ def uses_tf32(name: str) -> bool:
         return True
     return bool(CUTLASS_TF32_PATTERN.search(lowered)) and not any(
         kind in lowered for kind in NARROW_TYPES)
+
+
+# --- Memory-bound operator kernels: the kernels of eager PyTorch's operators that do a few
+# operations per byte they move (element-wise ops, reductions, normalization, pooling, indexing),
+# and the library kernels of that kind around convolutions (cuDNN's and MIOpen's batch norm,
+# cuDNN's NCHW<->NHWC layout conversions). Each reads its inputs from memory and writes its output
+# back: a chain of them (convolution -> batch norm -> ReLU -> residual add) moves each activation
+# several times, where one fused kernel (torch.compile's) moves it once. From names: ATen's own
+# kernels are in namespace at::native (CUDA and ROCm builds alike); cuDNN's batch norm kernels
+# start cudnn::bn_, its conversions are nchwToNhwc/nhwcToNchw kernels; MIOpen's batch norm is
+# MIOpenBatchNorm..., its conversions batched_transpose_..., its element-wise ops on sub-tensors
+# SubTensorOpWithScalar1d, SubTensorOpWithCastTensor1d (seen on an MI210). Not counted: GEMMs and
+# attention (matrix math, above), the optimizer's multi-tensor kernels (a step's update in a few
+# launches already: unfused_optimizer's lesson), collectives, and Triton kernels (Inductor's, fused
+# already). Limits: element-wise kernels of
+# other libraries (Apex, Transformer Engine, one's own) are not recognised.
+MEMORY_BOUND_MARKERS = ("at::native::", "cudnn::bn_", "nchwtonhwc", "nhwctonchw",
+                        "miopenbatchnorm", "batched_transpose_", "subtensorop")
+MEMORY_BOUND_EXCLUDED = ("multi_tensor_apply", "fused_adam", "fused_sgd", "nccl")
+
+
+def is_memory_bound_op(name: str) -> bool:
+    """From the kernel's name alone (see above)."""
+    lowered = name.lower()
+    if not any(marker in lowered for marker in MEMORY_BOUND_MARKERS):
+        return False
+    return (not any(marker in lowered for marker in MEMORY_BOUND_EXCLUDED)
+            and not is_gemm(lowered) and not ATTENTION_PATTERN.search(lowered))
+
+
+def data_precision(name: str) -> str | None:
+    """The floating-point type of the data a kernel moves, from its demangled signature: "fp32"
+    (float only) or "16-bit" (FP16 or BF16, beside float or not, which is then an accumulator or a
+    statistic: batch norm's); None with no float type, or with another one (double, 8-bit). Unlike
+    signature_precision, integers and chars do not count: they are indices, sizes and ATen's untyped
+    data pointers (std::array<char*, 3>), beside the typed functor that says what the data is."""
+    signature = _signature(name.lower())
+    if signature is None:
+        return None
+    kinds = set()
+    for word in TYPE_WORD.findall(signature[1]):
+        if word in FP32_OPERAND_TYPES:
+            kinds.add("fp32")
+        elif word in FP16_OPERAND_TYPES or word in BF16_OPERAND_TYPES:
+            kinds.add("16-bit")
+        elif word != "char" and OTHER_OPERAND_TYPES.fullmatch(word):
+            return None
+    return "16-bit" if "16-bit" in kinds else ("fp32" if kinds else None)

@@ -10,8 +10,10 @@ from common.idle_causes import HostRegions, idle_by_cause_pct, unrecorded_work
 from common.intervals import Spans, clip, concat, covered_length, merge, total, union_in
 from common.kernel_names import (
     SIXTEEN_BIT_PRECISIONS,
+    data_precision,
     handwritten_gemm_precision,
     is_gemm,
+    is_memory_bound_op,
     signature_precision,
     uses_tensor_cores,
     uses_tf32,
@@ -277,6 +279,11 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         [signature_precision(n) in SIXTEEN_BIT_PRECISIONS for n in table], dtype=bool)[name_id]
     handwritten_fp32 = off_tensor_cores & np.array(
         [handwritten_gemm_precision(n) == "fp32" for n in table], dtype=bool)[name_id]
+    # Eager operators' memory-bound kernels (kernel_names.is_memory_bound_op), and those of them
+    # whose data is FP32 (kernel_names.data_precision): what BF16 halves and fusion cuts.
+    memory_bound = np.array([is_memory_bound_op(n) for n in table], dtype=bool)
+    memory_bound_fp32 = memory_bound & np.array([data_precision(n) == "fp32" for n in table],
+                                                dtype=bool)
 
     in_steps = runtime_step >= 0
     launch_time = float((columns.runtime.end - columns.runtime.start)[
@@ -308,6 +315,12 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     # GPU work of every kind (kernels, copies, memsets): utilization, and the idle time the causes
     # split, are its share of the window and the rest (they add up to 100).
     gpu_busy = union_in(busy, low, high)
+
+    def kernels_in_window(named: np.ndarray) -> float:
+        """The union in the window of the kernels whose name `named` marks (per name)."""
+        chosen = named[columns.kernel_name_id]
+        return union_in(Spans(kernels.start[chosen], kernels.end[chosen]), low, high)
+
     idle = idle_by_cause_pct(columns, busy, window, syncs.end[syncs.step >= 0], regions,
                              unrecorded_work(columns, window))
     return {
@@ -352,6 +365,10 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         # with the one that takes the most time (null without).
         "cuda_core_16bit_gemm_pct": share(float(duration[cuda_core_16bit].sum()), kernel_time),
         "handwritten_fp32_gemm_pct": share(float(duration[handwritten_fp32].sum()), kernel_time),
+        # Share of the window the GPU spends in eager memory-bound kernels (the union of them in
+        # the window / window, as utilization), and in those of them moving FP32 data.
+        "memory_bound_pct": share(kernels_in_window(memory_bound), span),
+        "memory_bound_fp32_pct": share(kernels_in_window(memory_bound_fp32), span),
         "handwritten_fp32_gemm_top": (
             table[int(np.bincount(name_id[handwritten_fp32], weights=duration[handwritten_fp32],
                                   minlength=len(table)).argmax())]

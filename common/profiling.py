@@ -67,10 +67,18 @@ RECORD_SHAPES_DEMOS = frozenset({"small_batch", "mixed_precision", "naive_attent
                                  "padding_waste", "ddp_no_sync"})
 # (batch dims; BF16 input types; s x s scores; sequence lengths; the collectives' message sizes,
 # which TensorBoard's Distributed view reads)
+# On a GPU only: the ladder, whose batch rung the analyzer names from the batch in the shapes
+# (small_batch, not launch_overhead: their timing is the same). On a CPU no rule reads them.
+RECORD_SHAPES_DEMOS_CUDA = frozenset({"ladder"})
 # On a GPU the peak comes from torch.cuda.max_memory_allocated; the trace's memory events are the
 # lesson only where memory is. On a CPU every demo reads its peak from them.
 PROFILE_MEMORY_DEMOS_CUDA = frozenset({"activation_checkpointing", "naive_attention",
                                        "memory_leak", "fragmentation", "memory_ladder"})
+
+
+def records_shapes(demo: str, is_cuda: bool) -> bool:
+    """Whether `demo` records operators' input shapes by default on this device."""
+    return demo in RECORD_SHAPES_DEMOS or (is_cuda and demo in RECORD_SHAPES_DEMOS_CUDA)
 
 
 def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
@@ -128,7 +136,7 @@ def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.is_cuda else [])
     experimental = all_threads_config(run) if run.profile_all_threads else None
-    record_shapes = (run.demo in RECORD_SHAPES_DEMOS if run.record_shapes is None
+    record_shapes = (records_shapes(run.demo, run.is_cuda) if run.record_shapes is None
                      else run.record_shapes)
     profile_memory = (not run.is_cuda or run.demo in PROFILE_MEMORY_DEMOS_CUDA
                       if run.profile_memory is None else run.profile_memory)

@@ -77,7 +77,7 @@ class Run:
     world_size: int = 1
     distributed: dict | None = None
     # What the profiler records beyond times, where a caller chose (profile_loop: your own loop);
-    # None: by the demo (RECORD_SHAPES_DEMOS, PROFILE_MEMORY_DEMOS_CUDA).
+    # None: by the demo (profiling.records_shapes, PROFILE_MEMORY_DEMOS_CUDA).
     record_shapes: bool | None = None
     profile_memory: bool | None = None
     # Python frames: --with-stack records them in the trace (python_function events, at a cost

@@ -47,6 +47,14 @@ FP32_GEMM_MIN_PCT = 20.0  # % of kernel time
 # fp32_matmul's fix names one's own kernels (kernel_names.handwritten_gemm_precision: autocast
 # does not change their types) when they hold at least this share of the FP32 GEMM time it read.
 HANDWRITTEN_FP32_FIX_MIN_SHARE = 0.5  # share of the rule's FP32 GEMM time; ours: half or more
+# Memory-bound kernels: a GPU that spends most of the window in eager operators' memory-bound
+# kernels (kernel_names.is_memory_bound_op: batch norm, element-wise ops, layout conversions) is
+# busy moving activations, not multiplying them. Half the window is ours: the step is then mostly
+# such kernels, and the GPU at least half busy, so the idle rules' causes are the smaller part.
+MEMORY_BOUND_MIN_PCT = 50.0  # % of the window in eager memory-bound kernels
+# memory_bound_kernels names BF16 first when FP32 data holds at least this share of its kernels'
+# time (kernel_names.data_precision): autocast halves the bytes every one of them moves.
+MEMORY_BOUND_FP32_MIN_SHARE = 0.5  # share of the memory-bound time; ours: half or more
 ACTIVATION_MEMORY_MIN_PCT = 85.0  # peak allocated, % of the GPU's memory; peers' rule
 ACTIVATION_MEMORY_HIGH_PCT = 95.0  # % of the GPU: the next larger step is likely out of memory
 H2D_MIN_PCT = 10.0  # % of the window in host-to-device copies no kernel overlaps; peers' rule
@@ -613,6 +621,31 @@ def rule_fp32_matmul(m: dict) -> dict | None:
                    "mixed_precision")
 
 
+def rule_memory_bound_kernels(m: dict) -> dict | None:
+    """A busy GPU in eager memory-bound kernels: fuse them (torch.compile), after BF16 halves
+    the bytes where they move FP32 data."""
+    gpu = m["gpu"]
+    pct = gpu.get("memory_bound_pct", 0.0) if gpu else 0.0
+    if pct < MEMORY_BOUND_MIN_PCT:
+        return None
+    fp32 = gpu["memory_bound_fp32_pct"]
+    evidence = (f"memory bound: the GPU spends {pct:.0f} % of the window in eager operators' "
+                f"memory-bound kernels (batch norm, element-wise ops, reductions, layout "
+                f"conversions), {fp32:.0f} % on FP32 data; GEMMs are {gpu['gemm_pct']:.0f} % of "
+                f"kernel time (rule: >= {MEMORY_BOUND_MIN_PCT:.0f} % of the window)")
+    fuse = ("fuse them: torch.compile writes one kernel per chain of them, which reads each "
+            "tensor once; a convolution net in NCHW also spends time in layout conversions "
+            "around cuDNN's kernels, which channels_last (NHWC) removes")
+    if fp32 >= MEMORY_BOUND_FP32_MIN_SHARE * pct:
+        return finding("memory_bound_kernels",
+                       severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True),
+                       evidence, "BF16 first: torch.autocast(\"cuda\", dtype=torch.bfloat16) "
+                       "halves the bytes each kernel moves; then " + fuse, "mixed_precision")
+    return finding("memory_bound_kernels",
+                   severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True),
+                   evidence, fuse, "launch_overhead")
+
+
 def rule_activation_memory(m: dict) -> dict | None:
     if not m["gpu"] or m["peak_memory_mb"] is None or not m.get("device_memory_mb"):
         return None
@@ -906,8 +939,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
 
 
 RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch, rule_fp32_matmul,
-         rule_activation_memory, rule_memory_growth, rule_recompiles, rule_graph_breaks,
-         rule_launch_overhead, rule_host_overhead,
+         rule_memory_bound_kernels, rule_activation_memory, rule_memory_growth, rule_recompiles,
+         rule_graph_breaks, rule_launch_overhead, rule_host_overhead,
          rule_cpu_op_overhead, rule_python_between_ops, rule_host_sync,
          rule_host_roundtrip, rule_h2d_copy,
          rule_unfused_optimizer, rule_naive_attention, rule_ddp_sync, rule_exposed_communication)

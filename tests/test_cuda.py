@@ -84,7 +84,8 @@ def test_pair_runs_on_the_gpu(demo, tmp_path):
 
 def test_ladder_runs_every_rung_on_the_gpu(tmp_path):
     """Every rung of the ladder at smoke sizes through run_demos.py: each runs on the GPU, its
-    trace holds kernels, and the waterfall reads them all."""
+    trace holds kernels and the operators' shapes (the analyzer reads each rung's batch from them),
+    and the waterfall reads them all."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     result = subprocess.run(
@@ -99,6 +100,7 @@ def test_ladder_runs_every_rung_on_the_gpu(tmp_path):
         analysis = analyze.analyze_trace(tmp_path / "ladder" / row["rung"])
         assert analysis["gpu"]["kernels_per_step"] > 0, row["rung"]
         assert analysis["gpu"]["idle_by_cause_pct"]["unrecorded"] == 0.0, row["rung"]
+        assert analysis["input_batch"] == row["batch_size"], row["rung"]
         assert row["chain"] is None or row["chain"]["status"] != "skipped"  # nothing on a GPU
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from common import compare, ladder, trace
+from common import compare, ladder, profiling, trace
 from tests.conftest import ROOT
 from tests.test_scripts import load_run_demos
 
@@ -32,6 +32,15 @@ def test_the_rungs_are_the_fixes_the_ladder_knows_in_order():
     assert rungs[0] == "rung0_baseline"
     assert [int(name[4]) for name in rungs] == list(range(len(rungs)))
     assert [name.split("_", 1)[1] for name in rungs[1:]] == list(ladder.FIX_DEMO)
+
+
+def test_the_ladder_records_shapes_on_a_gpu_where_the_batch_rule_reads_them():
+    """The batch rung's verdict is small_batch only where the shapes show a small batch (the
+    launch-bound timing is the same); on a CPU no rule reads them, and they slow each operator."""
+    assert profiling.records_shapes("ladder", is_cuda=True)
+    assert not profiling.records_shapes("ladder", is_cuda=False)
+    assert profiling.records_shapes("small_batch", is_cuda=False)  # its lesson, on every device
+    assert ladder.FIX_DEMO["batch"] == "small_batch"
 
 
 @pytest.mark.parametrize("before, after", list(zip(run_demos.rungs_of("ladder"),

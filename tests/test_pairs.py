@@ -66,7 +66,7 @@ def test_every_script_writes_a_summary_and_a_trace_of_three_steps(pairs, demos_s
             assert_timing_is_consistent(summary)
             # Operator shapes only where the lesson reads them (they slow every operator).
             assert summary["config"]["profiler_record_shapes"] is (
-                demo in profiling.RECORD_SHAPES_DEMOS), where
+                profiling.records_shapes(demo, is_cuda=False)), where
             events = trace.load_trace(trace.trace_files(demos_smoke_out / demo / variant)[0])
             names = Counter(e.get("name") for e in events["traceEvents"])
             assert sum(n for name, n in names.items()

@@ -35,6 +35,7 @@ RULE_CONSTANTS = {
     "small_batch": ("SMALL_BATCH_UTILIZATION_MAX_PCT", "SMALL_BATCH_MEDIAN_KERNEL_MAX_US",
                     "SMALL_BATCH_INPUT_BATCH_BELOW"),
     "fp32_matmul": ("FP32_GEMM_MIN_PCT",),
+    "memory_bound_kernels": ("MEMORY_BOUND_MIN_PCT", "MEMORY_BOUND_FP32_MIN_SHARE"),
     "activation_memory": ("ACTIVATION_MEMORY_MIN_PCT", "ACTIVATION_MEMORY_HIGH_PCT"),
     "memory_growth": ("MEMORY_GROWTH_R2_MIN", "memory.GROWTH_FIT_MIN_STEPS",
                       "MEMORY_GROWTH_MIN_PCT", "MEMORY_GROWTH_FULL_WITHIN_STEPS",

@@ -37,6 +37,8 @@ from common.verdicts import (
     HOST_SYNC_PER_STEP_MIN,
     LAUNCH_SHORT_KERNEL_MIN_PCT,
     LAUNCH_TO_KERNEL_TIME_MIN,
+    MEMORY_BOUND_FP32_MIN_SHARE,
+    MEMORY_BOUND_MIN_PCT,
     SEVERITY_HIGH_FACTOR,
     SMALL_BATCH_INPUT_BATCH_BELOW,
     SMALL_BATCH_MEDIAN_KERNEL_MAX_US,
@@ -155,6 +157,37 @@ def test_the_base_run_has_no_findings(base):
 def test_fp32_matmul_fires_from_its_gemm_share_on(base, pct, fires):
     m = changed(base, gpu={"non_tensor_core_gemm_pct": pct})
     assert finding_ids(m) == only("fp32_matmul", fires)
+
+
+# --- memory_bound_kernels ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("pct, fires", edges(MEMORY_BOUND_MIN_PCT, AT_LEAST))
+def test_memory_bound_kernels_fires_from_its_share_of_the_window(base, pct, fires):
+    m = changed(base, gpu={"memory_bound_pct": pct, "memory_bound_fp32_pct": 0.0})
+    assert finding_ids(m) == only("memory_bound_kernels", fires)
+
+
+@pytest.mark.parametrize("share, bf16_first", [
+    pytest.param(below(MEMORY_BOUND_FP32_MIN_SHARE), False, id="below"),
+    pytest.param(MEMORY_BOUND_FP32_MIN_SHARE, True, id="at"),
+    pytest.param(above(MEMORY_BOUND_FP32_MIN_SHARE), True, id="above")])
+def test_memory_bound_kernels_names_bf16_from_its_fp32_share(base, share, bf16_first):
+    pct = MEMORY_BOUND_MIN_PCT * (1 + COMFORT) / 2  # between the threshold and 100 %
+    found = by_id(changed(base, gpu={"memory_bound_pct": pct,
+                                     "memory_bound_fp32_pct": share * pct}))
+    assert list(found) == ["memory_bound_kernels"]
+    assert found["memory_bound_kernels"]["demo"] == (
+        "mixed_precision" if bf16_first else "launch_overhead")
+    assert found["memory_bound_kernels"]["fix"].startswith("BF16 first") is bf16_first
+
+
+def test_memory_bound_kernels_is_high_from_the_upper_limits_fraction(base):
+    """Graded as an upper limit on the rest of the window: high once the rest is at most half
+    of what the threshold leaves (75 % of the window memory bound)."""
+    rest = (100.0 - MEMORY_BOUND_MIN_PCT) / SEVERITY_HIGH_FACTOR
+    for pct, level in ((100.0 - rest, "high"), (below(100.0 - rest), "medium")):
+        found = by_id(changed(base, gpu={"memory_bound_pct": pct, "memory_bound_fp32_pct": 0.0}))
+        assert found["memory_bound_kernels"]["severity"] == level, pct
 
 
 # --- launch_overhead ---------------------------------------------------------------------------
@@ -443,7 +476,8 @@ def test_short_kernel_share_on_a_trace(tmp_path, step):
 @pytest.mark.parametrize("utilization, fires", edges(SMALL_BATCH_UTILIZATION_MAX_PCT, UNDER))
 def test_gpu_utilization_on_a_trace(tmp_path, utilization, fires):
     """One 1000 µs step with 40 equal kernels spaced 25 µs apart, each 1 µs launch well inside
-    the step: utilization is 40 x the kernel's length / 1000 µs, the median kernel the length."""
+    the step: utilization is 40 x the kernel's length / 1000 µs, the median kernel the length.
+    BF16 GEMMs: element-wise kernels would fill half the window at the edge (memory bound)."""
     step_us, kernels, spacing_us = 1000.0, 40, 25.0
     kernel_us = step_us * utilization / 100 / kernels  # 12.5 µs at 50 %: exact
     assert kernel_us < spacing_us and kernel_us <= SMALL_BATCH_MEDIAN_KERNEL_MAX_US
@@ -452,7 +486,7 @@ def test_gpu_utilization_on_a_trace(tmp_path, utilization, fires):
     built.step(1, T0, step_us)
     for index in range(kernels):
         at = T0 + 5 + index * spacing_us
-        built.launch(at, 1, at + 5, kernel_us, name=ELEMENTWISE)
+        built.launch(at, 1, at + 5, kernel_us, name=BF16_GEMM)
     result = analysed(tmp_path, built)
     assert result["gpu"]["utilization_pct"] == pytest.approx(utilization, rel=EPS / 100)
     # every kernel launched in the recording: the rule's figure is the same one
