@@ -189,24 +189,31 @@ def _signature(lowered: str) -> tuple[str, str] | None:
     return (lowered[:start.start()], lowered[start.start():]) if start else None
 
 
-def signature_precision(name: str) -> str | None:
-    """The operands' precision from a demangled signature's types (see above): "fp32" (float
-    only), "fp16", "bf16" or "16-bit" (both; with or without float, as an accumulator or a
-    scale), else None."""
-    lowered = name.lower()
-    signature = _signature(lowered)
-    if signature is None:
-        return None
+def _float_kinds(signature: str, untyped: frozenset[str] = frozenset()) -> set[str] | None:
+    """The float kinds ("fp32", "fp16", "bf16") a signature's type words name; None where it
+    names a type of another kind (OTHER_OPERAND_TYPES), words in `untyped` aside."""
     kinds = set()
-    for word in TYPE_WORD.findall(signature[1]):
+    for word in TYPE_WORD.findall(signature):
         if word in FP32_OPERAND_TYPES:
             kinds.add("fp32")
         elif word in FP16_OPERAND_TYPES:
             kinds.add("fp16")
         elif word in BF16_OPERAND_TYPES:
             kinds.add("bf16")
-        elif OTHER_OPERAND_TYPES.fullmatch(word):
+        elif word not in untyped and OTHER_OPERAND_TYPES.fullmatch(word):
             return None  # mixed with a type these rules leave alone
+    return kinds
+
+
+def signature_precision(name: str) -> str | None:
+    """The operands' precision from a demangled signature's types (see above): "fp32" (float
+    only), "fp16", "bf16" or "16-bit" (both; with or without float, as an accumulator or a
+    scale), else None."""
+    lowered = name.lower()
+    signature = _signature(lowered)
+    kinds = None if signature is None else _float_kinds(signature[1])
+    if kinds is None:
+        return None
     if kinds == {"fp32"}:
         return "fp32"
     sixteen = kinds - {"fp32"}
@@ -364,6 +371,7 @@ def uses_tf32(name: str) -> bool:
 MEMORY_BOUND_MARKERS = ("at::native::", "cudnn::bn_", "nchwtonhwc", "nhwctonchw",
                         "miopenbatchnorm", "batched_transpose_", "subtensorop")
 MEMORY_BOUND_EXCLUDED = ("multi_tensor_apply", "fused_adam", "fused_sgd", "nccl")
+UNTYPED_DATA_WORDS = frozenset({"char"})  # ATen's data pointers: std::array<char*, N>
 
 
 def is_memory_bound_op(name: str) -> bool:
@@ -379,17 +387,10 @@ def data_precision(name: str) -> str | None:
     """The floating-point type of the data a kernel moves, from its demangled signature: "fp32"
     (float only) or "16-bit" (FP16 or BF16, beside float or not, which is then an accumulator or a
     statistic: batch norm's); None with no float type, or with another one (double, 8-bit). Unlike
-    signature_precision, integers and chars do not count: they are indices, sizes and ATen's untyped
-    data pointers (std::array<char*, 3>), beside the typed functor that says what the data is."""
+    signature_precision, char does not count: ATen's untyped data pointers (std::array<char*, 3>)
+    sit beside the typed functor that says what the data is."""
     signature = _signature(name.lower())
-    if signature is None:
+    kinds = None if signature is None else _float_kinds(signature[1], UNTYPED_DATA_WORDS)
+    if not kinds:
         return None
-    kinds = set()
-    for word in TYPE_WORD.findall(signature[1]):
-        if word in FP32_OPERAND_TYPES:
-            kinds.add("fp32")
-        elif word in FP16_OPERAND_TYPES or word in BF16_OPERAND_TYPES:
-            kinds.add("16-bit")
-        elif word != "char" and OTHER_OPERAND_TYPES.fullmatch(word):
-            return None
-    return "16-bit" if "16-bit" in kinds else ("fp32" if kinds else None)
+    return "16-bit" if kinds - {"fp32"} else "fp32"
