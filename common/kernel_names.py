@@ -363,15 +363,28 @@ def uses_tf32(name: str) -> bool:
 # kernels are in namespace at::native (CUDA and ROCm builds alike); cuDNN's batch norm kernels
 # start cudnn::bn_, its conversions are nchwToNhwc/nhwcToNchw kernels; MIOpen's batch norm is
 # MIOpenBatchNorm..., its conversions batched_transpose_..., its element-wise ops on sub-tensors
-# SubTensorOpWithScalar1d, SubTensorOpWithCastTensor1d (seen on an MI210). Not counted: GEMMs and
+# SubTensorOpWithScalar1d, SubTensorOpWithCastTensor1d (seen on an MI210); ATen's softmax for
+# short rows is softmax_warp_forward/backward, outside at::native. Not counted: GEMMs and
 # attention (matrix math, above), the optimizer's multi-tensor kernels (a step's update in a few
 # launches already: unfused_optimizer's lesson), collectives, and Triton kernels (Inductor's, fused
 # already). Limits: element-wise kernels of
 # other libraries (Apex, Transformer Engine, one's own) are not recognised.
-MEMORY_BOUND_MARKERS = ("at::native::", "cudnn::bn_", "nchwtonhwc", "nhwctonchw",
-                        "miopenbatchnorm", "batched_transpose_", "subtensorop")
+LAYOUT_CONVERSION_MARKERS = ("nchwtonhwc", "nhwctonchw", "batched_transpose_")
+MEMORY_BOUND_MARKERS = ("at::native::", "cudnn::bn_", "miopenbatchnorm", "subtensorop",
+                        "softmax_warp_", *LAYOUT_CONVERSION_MARKERS)
 MEMORY_BOUND_EXCLUDED = ("multi_tensor_apply", "fused_adam", "fused_sgd", "nccl")
-UNTYPED_DATA_WORDS = frozenset({"char"})  # ATen's data pointers: std::array<char*, N>
+# Not the data's type: ATen's data pointers (std::array<char*, N>), and double scalar arguments
+# (batch norm's momentum and eps, a fill value) beside float or 16-bit data.
+UNTYPED_DATA_WORDS = frozenset({"char", "double"})
+# A cast's functor names the type it writes (bfloat16_copy_kernel_cuda reads float, writes BF16):
+# autocast's own work, counted as 16-bit.
+CAST_TO_16_BIT = re.compile(r"(?:bfloat16|half|float16)_copy_kernel")
+
+
+def is_layout_conversion(name: str) -> bool:
+    """A library's NCHW<->NHWC conversion around a convolution (see above)."""
+    lowered = name.lower()
+    return any(marker in lowered for marker in LAYOUT_CONVERSION_MARKERS)
 
 
 def is_memory_bound_op(name: str) -> bool:
@@ -386,11 +399,13 @@ def is_memory_bound_op(name: str) -> bool:
 def data_precision(name: str) -> str | None:
     """The floating-point type of the data a kernel moves, from its demangled signature: "fp32"
     (float only) or "16-bit" (FP16 or BF16, beside float or not, which is then an accumulator or a
-    statistic: batch norm's); None with no float type, or with another one (double, 8-bit). Unlike
-    signature_precision, char does not count: ATen's untyped data pointers (std::array<char*, 3>)
-    sit beside the typed functor that says what the data is."""
-    signature = _signature(name.lower())
+    statistic: batch norm's); None with no float type (double data alone), or with another one
+    (8-bit). Unlike signature_precision, char and double do not count: ATen's untyped data pointers
+    (std::array<char*, 3>) sit beside the typed functor that says what the data is, and a double is
+    a scalar argument. A cast to 16 bits (CAST_TO_16_BIT) is 16-bit."""
+    lowered = name.lower()
+    signature = _signature(lowered)
     kinds = None if signature is None else _float_kinds(signature[1], UNTYPED_DATA_WORDS)
     if not kinds:
         return None
-    return "16-bit" if kinds - {"fp32"} else "fp32"
+    return "16-bit" if kinds - {"fp32"} or CAST_TO_16_BIT.search(lowered) else "fp32"

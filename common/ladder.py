@@ -66,7 +66,7 @@ def is_ladder(folder: Path) -> bool:
 
 
 def top_finding(result: dict) -> dict | None:
-    """The analyzer's first actionable finding (they come ordered by severity, then rule)."""
+    """The analyzer's first actionable finding (they come ordered by verdicts.rank)."""
     return next((f for f in result["findings"] if f["id"] not in NOT_ACTIONABLE), None)
 
 

@@ -53,7 +53,8 @@ HANDWRITTEN_FP32_FIX_MIN_SHARE = 0.5  # share of the rule's FP32 GEMM time; ours
 # such kernels, and the GPU at least half busy, so the idle rules' causes are the smaller part.
 MEMORY_BOUND_MIN_PCT = 50.0  # % of the window in eager memory-bound kernels
 # memory_bound_kernels names BF16 first when FP32 data holds at least this share of its kernels'
-# time (kernel_names.data_precision): autocast halves the bytes every one of them moves.
+# time (kernel_names.data_precision) and the matmuls are FP32: autocast halves the bytes each
+# of them moves.
 MEMORY_BOUND_FP32_MIN_SHARE = 0.5  # share of the memory-bound time; ours: half or more
 ACTIVATION_MEMORY_MIN_PCT = 85.0  # peak allocated, % of the GPU's memory; peers' rule
 ACTIVATION_MEMORY_HIGH_PCT = 95.0  # % of the GPU: the next larger step is likely out of memory
@@ -159,8 +160,13 @@ def severity(value: float, threshold: float, upper_limit: bool = False) -> str:
     return "high" if value >= threshold * SEVERITY_HIGH_FACTOR else "medium"
 
 
-def finding(rule_id: str, level: str, evidence: str, fix: str, demo: str | None) -> dict:
-    return {"id": rule_id, "severity": level, "evidence": evidence, "fix": fix, "demo": demo}
+def finding(rule_id: str, level: str, evidence: str, fix: str, demo: str | None, *,
+            share_pct: float | None = None) -> dict:
+    """`share_pct`: the share of the window the finding measures its cause to hold (what its fix
+    can win back at most); None for a finding that is no slice of the window (memory, compiling,
+    the attention's shape)."""
+    return {"id": rule_id, "severity": level, "evidence": evidence, "fix": fix, "demo": demo,
+            "share_pct": share_pct}
 
 
 def rule_dataloader(m: dict) -> dict | None:
@@ -178,7 +184,7 @@ def rule_dataloader(m: dict) -> dict | None:
         "prefetch_factor); on a GPU also "
         + ("the copy on a side CUDA stream (the batches come from pinned memory already)"
            if pinned else "pin_memory=True and the copy on a side CUDA stream"),
-        "dataloader_workers")
+        "dataloader_workers", share_pct=pct)
 
 
 def rule_host_region(m: dict) -> dict | None:
@@ -203,7 +209,7 @@ def rule_host_region(m: dict) -> dict | None:
         f"vectorised batch implementation (a Rust tokenizer's encode_batch instead of a Python "
         f"loop per request), worker processes or threads that run ahead of the step, as "
         f"DataLoader workers do, or overlap it with the GPU's work (prepare the next batch while "
-        f"the GPU runs this one)", "tokenizer_bound")
+        f"the GPU runs this one)", "tokenizer_bound", share_pct=share[name])
 
 
 def host_work_ops_idle(gpu: dict | None) -> dict[str, float]:
@@ -231,7 +237,7 @@ def rule_host_work_ops(m: dict) -> dict | None:
         "the host makes or transforms data on the CPU every step: make the inputs on the device "
         "(torch.randn(..., device=\"cuda\"), CPU math moved after .to(device)), or move their "
         "preparation into a DataLoader whose workers prepare the next batch while the GPU runs",
-        "dataloader_workers")
+        "dataloader_workers", share_pct=total)
 
 
 def graph_replayed(gpu: dict) -> bool:
@@ -328,7 +334,7 @@ def rule_launch_overhead(m: dict) -> dict | None:
         fix += ("; for generation, a static KV cache first (preallocated, written in place), so "
                 "every token's step has the same shapes and can be captured")
     return finding("launch_overhead", severity(ratio, LAUNCH_TO_KERNEL_TIME_MIN), evidence, fix,
-                   host_bound_demo(m))
+                   host_bound_demo(m), share_pct=gpu["idle_by_cause_pct"]["launch"])
 
 
 def sync_sources(gpu: dict, causes: tuple[str, ...]) -> str:
@@ -367,7 +373,7 @@ def rule_host_sync(m: dict) -> dict | None:
                "Python line of each syncing operation; a torch.cuda.synchronize() belongs only "
                "around a timer, not in every step")
     return finding("host_sync", severity(idle_pct, HOST_SYNC_IDLE_MIN_PCT), evidence, fix,
-                   "item_sync")
+                   "item_sync", share_pct=idle_pct)
 
 
 def rule_host_roundtrip(m: dict) -> dict | None:
@@ -403,7 +409,7 @@ def rule_host_roundtrip(m: dict) -> dict | None:
            "a numpy detour, constant tensors built once outside the step; "
            "torch.cuda.set_sync_debug_mode(\"warn\") names each syncing line")
     return finding("host_roundtrip", severity(gpu["sync_idle_pct"], HOST_SYNC_IDLE_MIN_PCT),
-                   evidence, fix, "host_roundtrip")
+                   evidence, fix, "host_roundtrip", share_pct=gpu["sync_idle_pct"])
 
 
 def rule_small_batch(m: dict) -> dict | None:
@@ -447,7 +453,8 @@ def rule_small_batch(m: dict) -> dict | None:
         "small_batch",
         severity(gpu["recorded_utilization_pct"], SMALL_BATCH_UTILIZATION_MAX_PCT,
                  upper_limit=True),
-        evidence, fix, "small_batch")
+        evidence, fix, "small_batch",
+        share_pct=100.0 - gpu["recorded_utilization_pct"])
 
 
 def host_side_idle_pct(gpu: dict) -> float:
@@ -521,7 +528,8 @@ def rule_host_overhead(m: dict) -> dict | None:
     # torch.compile(mode="reduce-overhead")), launch_overhead for a training step.
     return finding("host_overhead",
                    severity(100.0 - waits, 100.0 - HOST_OVERHEAD_LAUNCH_IDLE_MIN_PCT,
-                            upper_limit=True), evidence, fix, host_bound_demo(m))
+                            upper_limit=True), evidence, fix, host_bound_demo(m),
+                   share_pct=waits)
 
 
 def rule_cpu_op_overhead(m: dict) -> dict | None:
@@ -542,7 +550,7 @@ def rule_cpu_op_overhead(m: dict) -> dict | None:
            "torch.cat a token) and a compiled one-token step" if not m["training"] else ""))
     return finding("cpu_op_overhead", severity(100.0 - cpu["call_pct"], 100.0 - CPU_CALLS_MIN_PCT,
                                                upper_limit=True),
-                   evidence, fix, host_bound_demo(m))
+                   evidence, fix, host_bound_demo(m), share_pct=cpu["call_pct"])
 
 
 def rule_python_between_ops(m: dict) -> dict | None:
@@ -568,7 +576,7 @@ def rule_python_between_ops(m: dict) -> dict | None:
            f"DataLoader or out of the step")
     return finding("python_between_ops", severity(cpu["long_gap_pct"],
                                                   PYTHON_OUTSIDE_OPS_MIN_PCT),
-                   evidence, fix, "host_roundtrip")
+                   evidence, fix, "host_roundtrip", share_pct=cpu["long_gap_pct"])
 
 
 def rule_exposed_communication(m: dict) -> dict | None:
@@ -584,7 +592,8 @@ def rule_exposed_communication(m: dict) -> dict | None:
         "overlap communication with compute, or communicate less: smaller DDP buckets "
         "(bucket_cap_mb) start all-reducing during the backward pass; no_sync() on all but the "
         "last micro-batch when accumulating (see demos/ddp_no_sync/); fewer, larger collectives; "
-        "FSDP's forward_prefetch and backward_prefetch", "ddp_no_sync")
+        "FSDP's forward_prefetch and backward_prefetch", "ddp_no_sync",
+        share_pct=gpu["exposed_comm_pct"])
 
 
 def matrix_units(m: dict) -> str:
@@ -617,33 +626,43 @@ def rule_fp32_matmul(m: dict) -> dict | None:
     if own >= HANDWRITTEN_FP32_FIX_MIN_SHARE * pct:  # autocast does not change their types
         fix += ("; your own kernel stays FP32 under autocast: call torch.matmul on 16-bit "
                 "tensors instead, or give it 16-bit operands and WMMA or mma.sync")
+    # Its share of the window: that kernel time over the window (pct is of kernel time).
+    window_pct = pct * gpu["kernel_ms_per_step"] * m["steps"] / m["window_ms"]
     return finding("fp32_matmul", severity(pct, FP32_GEMM_MIN_PCT), evidence, fix,
-                   "mixed_precision")
+                   "mixed_precision", share_pct=window_pct)
+
+
+def matmuls_in_16_bit(gpu: dict) -> bool:
+    """More tensor-core time in 16- or 8-bit math than FP32 matmul time (TF32 or off the tensor
+    cores): autocast (or a 16-bit model) is on already."""
+    fp32 = gpu["tf32_pct"] + gpu["non_tensor_core_gemm_pct"]
+    return gpu["tensor_core_pct"] - gpu["tf32_pct"] > fp32
 
 
 def rule_memory_bound_kernels(m: dict) -> dict | None:
     """A busy GPU in eager memory-bound kernels: fuse them (torch.compile), after BF16 halves
-    the bytes where they move FP32 data."""
+    the bytes where they move FP32 data and the matmuls are FP32 too (no autocast yet). A softmax
+    over written-out attention scores is naive_attention's: its fix removes those kernels."""
     gpu = m["gpu"]
     pct = gpu.get("memory_bound_pct", 0.0) if gpu else 0.0
-    if pct < MEMORY_BOUND_MIN_PCT:
+    if pct < MEMORY_BOUND_MIN_PCT or rule_naive_attention(m):
         return None
-    fp32 = gpu["memory_bound_fp32_pct"]
+    fp32, layout = gpu["memory_bound_fp32_pct"], gpu["layout_conversion_pct"]
     evidence = (f"memory bound: the GPU spends {pct:.0f} % of the window in eager operators' "
                 f"memory-bound kernels (batch norm, element-wise ops, reductions, layout "
                 f"conversions), {fp32:.0f} % on FP32 data; GEMMs are {gpu['gemm_pct']:.0f} % of "
                 f"kernel time (rule: >= {MEMORY_BOUND_MIN_PCT:.0f} % of the window)")
     fuse = ("fuse them: torch.compile writes one kernel per chain of them, which reads each "
-            "tensor once; a convolution net in NCHW also spends time in layout conversions "
-            "around cuDNN's kernels, which channels_last (NHWC) removes")
-    if fp32 >= MEMORY_BOUND_FP32_MIN_SHARE * pct:
-        return finding("memory_bound_kernels",
-                       severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True),
-                       evidence, "BF16 first: torch.autocast(\"cuda\", dtype=torch.bfloat16) "
-                       "halves the bytes each kernel moves; then " + fuse, "mixed_precision")
-    return finding("memory_bound_kernels",
-                   severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True),
-                   evidence, fuse, "launch_overhead")
+            "tensor once")
+    if layout > 0:
+        fuse += (f"; layout conversions around the convolutions take {layout:.1f} % of the "
+                 f"window, which channels_last (NHWC) removes")
+    level = severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True)
+    if fp32 >= MEMORY_BOUND_FP32_MIN_SHARE * pct and not matmuls_in_16_bit(gpu):
+        return finding("memory_bound_kernels", level, evidence,
+                       "BF16 first: torch.autocast(\"cuda\", dtype=torch.bfloat16) halves the "
+                       "bytes each kernel moves; then " + fuse, "mixed_precision", share_pct=pct)
+    return finding("memory_bound_kernels", level, evidence, fuse, "launch_overhead", share_pct=pct)
 
 
 def rule_activation_memory(m: dict) -> dict | None:
@@ -867,7 +886,8 @@ def rule_h2d_copy(m: dict) -> dict | None:
                      f"under the previous step's kernels (non_blocking=True alone still queues "
                      f"it behind them), {less}")
     return finding("h2d_copy", "high" if "high" in levels else "medium", "; ".join(evidence),
-                   "; ".join(fixes), "dataloader_workers")
+                   "; ".join(fixes), "dataloader_workers",
+                   share_pct=max(exposed if copy_bound else 0.0, sync_idle if waits else 0.0))
 
 
 def optimizer_side(optimizer: dict) -> str:
@@ -904,7 +924,7 @@ def rule_unfused_optimizer(m: dict) -> dict | None:
         f"{UNFUSED_OPTIMIZER_CALLS_PER_TENSOR_MIN:.0f} calls per tensor, no multi-tensor op)",
         "update every tensor in a few kernels: torch.optim.AdamW(params, fused=True) (CUDA; CPU "
         "since torch 2.4), or foreach=True; a hand-written loop over parameters becomes "
-        "torch._foreach_* calls", "unfused_optimizer")
+        "torch._foreach_* calls", "unfused_optimizer", share_pct=optimizer["pct"])
 
 
 def rule_naive_attention(m: dict) -> dict | None:
@@ -935,7 +955,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
         f"{dist['comm_pct']:.0f} % of the window in them; rule: >= "
         f"{DDP_SYNCED_MICRO_BATCHES_MIN} synced micro-batches per step)",
         "accumulate locally and all-reduce once per step: run every micro-batch but the last "
-        "(forward and backward) inside `with model.no_sync():`", "ddp_no_sync")
+        "(forward and backward) inside `with model.no_sync():`", "ddp_no_sync",
+        share_pct=dist["comm_pct"])
 
 
 RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch, rule_fp32_matmul,
@@ -979,4 +1000,12 @@ def findings_for(metrics: dict) -> list[dict]:
         start_up["evidence"] += (
             f" (rule: >= {INIT_WITHHOLD_MIN_PCT:.0f} % of the window; withheld, as they would "
             f"read the start-up's idle time: {', '.join(withheld) if withheld else 'none'})")
-    return sorted(found, key=lambda f: f["severity"] != "high")  # stable: rule order within a level
+    return sorted(found, key=rank)
+
+
+def rank(f: dict) -> tuple:
+    """The findings' order: high before medium; within a level those that measure no share of
+    the window (memory, compiling, the attention's shape: no slice of the step to weigh) in rule
+    order, then the rest by share_pct, largest first (what the fix can win back); the sort is
+    stable, so equal shares keep rule order."""
+    return f["severity"] != "high", f["share_pct"] is not None, -(f["share_pct"] or 0.0)

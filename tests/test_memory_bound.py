@@ -11,7 +11,8 @@ import pytest
 from common import analyze, verdicts
 from common.kernel_names import data_precision, is_memory_bound_op
 from tests.conftest import ROOT
-from tests.kineto_builder import BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, NVJET_GEMM, KinetoTrace
+from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FP32_GEMM, NVJET_GEMM,
+                                  KinetoTrace)
 
 SHARED_TRACES = ROOT.parent / "shared" / "traces"  # real traces from other people's GPUs
 H100 = ROOT / "traces" / "reference" / "h100"
@@ -35,6 +36,13 @@ FILL_FP64 = ("void at::native::vectorized_elementwise_kernel<4, at::native::Fill
 FOREACH_ADAM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
                 "(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::"
                 "FusedAdamMathFunctor<float, 4>>(...)")
+CAST_TO_BF16 = ("void at::native::unrolled_elementwise_kernel<at::native::bfloat16_copy_kernel_cuda(at"
+                "::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda(float)#1}, "
+                "std::array<char*, 2ul> >(int, at::native::bfloat16_copy_kernel_cuda)")
+BN_STATS_FP32 = ("void at::native::batch_norm_update_stats_and_invert<float, float, long>(at::"
+                 "GenericPackedTensorAccessor<float const, 3ul>, double, double, long)")
+SOFTMAX_WARP_BF16 = ("void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, "
+                     "float, 9, false, false>(c10::BFloat16*, c10::BFloat16 const*, int, int, int)")
 TRITON_FUSED = "triton_poi_fused__native_batch_norm_legit_functional_relu_0"
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
@@ -48,6 +56,9 @@ NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>
     (MIOPEN_SUBTENSOR, True, None),
     (ADD_BF16, True, "16-bit"),
     (FILL_FP64, True, None),  # FP64: neither of the two
+    (CAST_TO_BF16, True, "16-bit"),  # reads float, writes BF16: autocast's own work
+    (BN_STATS_FP32, True, "fp32"),  # float data; its doubles are momentum and eps
+    (SOFTMAX_WARP_BF16, True, "16-bit"),  # ATen's softmax for short rows, outside at::native
     (FOREACH_ADAM, False, "fp32"),  # the optimizer's update, one launch per group already
     (TRITON_FUSED, False, None),  # Inductor's: fused already
     (BF16_GEMM, False, None), (NVJET_GEMM, False, None),  # matrix math
@@ -82,14 +93,50 @@ def finding(result: dict) -> dict | None:
 
 
 def test_the_share_is_of_the_window_by_hand(tmp_path):
-    """Per step: 20 µs before the first kernel, 600 µs of FP32 batch norm, 380 µs of a GEMM, 0
-    after: the window is 1,000 µs a step, 600 of them memory bound (60 %), all FP32."""
-    result = busy_gpu(tmp_path, [(CUDNN_BN_FP32, 600.0), (BF16_GEMM, 380.0)])
+    """Per step: 20 µs before the first kernel, 600 µs of FP32 batch norm, 380 µs of an FP32 GEMM,
+    0 after: the window is 1,000 µs a step, 600 of them memory bound (60 %), all FP32, and the
+    matmuls FP32 too (no autocast): BF16 first."""
+    result = busy_gpu(tmp_path, [(CUDNN_BN_FP32, 600.0), (FP32_GEMM, 380.0)])
     assert result["gpu"]["memory_bound_pct"] == pytest.approx(60.0, abs=0.01)
     assert result["gpu"]["memory_bound_fp32_pct"] == pytest.approx(60.0, abs=0.01)
     found = finding(result)
     assert found["severity"] == "medium" and found["demo"] == "mixed_precision"
     assert found["fix"].startswith("BF16 first") and "torch.compile" in found["fix"]
+    assert found["share_pct"] == pytest.approx(60.0, abs=0.01)
+    assert "channels_last" not in found["fix"]  # no layout conversion in this trace
+
+
+def test_fp32_data_beside_16_bit_matmuls_is_autocasts_own_and_is_fused_not_cast(tmp_path):
+    """The same FP32 batch norm beside BF16 GEMMs: autocast is on already, its FP32 ops (a
+    softmax, the casts) stay FP32 under it, so the advice is to fuse them."""
+    result = busy_gpu(tmp_path, [(CUDNN_BN_FP32, 600.0), (BF16_GEMM, 380.0)])
+    found = finding(result)
+    assert result["gpu"]["memory_bound_fp32_pct"] == pytest.approx(60.0, abs=0.01)
+    assert found["demo"] == "launch_overhead" and found["fix"].startswith("fuse them")
+
+
+def test_overlapping_streams_count_once(tmp_path):
+    """Per step a 500 µs batch norm on one stream with a 300 µs element-wise kernel under it on
+    another (their union: 500 µs), then a layout conversion of 200 µs that runs 100 µs past the
+    step's end. Three steps of 1,000 µs, each extended to the end of its GPU work (the next
+    starts no earlier): a window of 3,300 µs holding 3 x 700 µs of memory-bound kernels."""
+    built = KinetoTrace()
+    built.gpu()
+    compute_stream = built.stream
+    at = 1_000_000.0
+    for number in range(1, 4):
+        built.launch(at + 1, 5, at + 100, 500, name=CUDNN_BN_FP32)
+        built.stream = compute_stream + 1  # a side stream
+        built.launch(at + 2, 5, at + 150, 300, name=ELEMENTWISE)
+        built.stream = compute_stream
+        built.launch(at + 3, 5, at + 900, 200, name=NCHW_TO_NHWC_BF16)
+        built.step(number, at, 1_000.0)
+        at += 1_100.0
+    gpu = analyze.analyze_trace(built.write(tmp_path / "t.pt.trace.json"))["gpu"]
+    window = 3 * 1_100.0
+    assert gpu["memory_bound_pct"] == pytest.approx(100 * 3 * 700.0 / window, abs=0.01)
+    assert gpu["memory_bound_fp32_pct"] == pytest.approx(100 * 3 * 500.0 / window, abs=0.01)
+    assert gpu["layout_conversion_pct"] == pytest.approx(100 * 3 * 200.0 / window, abs=0.01)
 
 
 @pytest.mark.parametrize("memory_bound_us, fires", [(490.0, False), (510.0, True)])
@@ -111,12 +158,13 @@ def test_an_idle_gpu_is_not_memory_bound_however_its_kernels_are_named(tmp_path)
 def test_16_bit_data_is_fused_not_cast_and_the_severity_rises_at_three_quarters(tmp_path):
     """BF16 data: no BF16 advice, torch.compile, launch_overhead's pair; 80 % of the window: high.
     FP32 on less than half the memory-bound time: still the 16-bit advice."""
-    result = busy_gpu(tmp_path, [(BN_BACKWARD_BF16, 500.0), (ELEMENTWISE, 300.0),
-                                 (BF16_GEMM, 180.0)])
+    result = busy_gpu(tmp_path, [(BN_BACKWARD_BF16, 400.0), (ELEMENTWISE, 300.0),
+                                 (NCHW_TO_NHWC_BF16, 100.0), (FP32_GEMM, 180.0)])
     found = finding(result)
     assert result["gpu"]["memory_bound_fp32_pct"] == pytest.approx(30.0, abs=0.01)
     assert found["severity"] == "high" and found["demo"] == "launch_overhead"
     assert "BF16" not in found["fix"] and found["fix"].startswith("fuse them: torch.compile")
+    assert "conversions around the convolutions take 10.0 % of the window" in found["fix"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SHARED_TRACES.glob("*.json.gz")))

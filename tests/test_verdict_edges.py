@@ -172,13 +172,37 @@ def test_memory_bound_kernels_fires_from_its_share_of_the_window(base, pct, fire
     pytest.param(MEMORY_BOUND_FP32_MIN_SHARE, True, id="at"),
     pytest.param(above(MEMORY_BOUND_FP32_MIN_SHARE), True, id="above")])
 def test_memory_bound_kernels_names_bf16_from_its_fp32_share(base, share, bf16_first):
+    """With FP32 matmuls (TF32 on the tensor cores: no autocast yet)."""
     pct = MEMORY_BOUND_MIN_PCT * (1 + COMFORT) / 2  # between the threshold and 100 %
-    found = by_id(changed(base, gpu={"memory_bound_pct": pct,
-                                     "memory_bound_fp32_pct": share * pct}))
+    found = by_id(changed(base, gpu={"memory_bound_pct": pct, "memory_bound_fp32_pct": share * pct,
+                                     "tensor_core_pct": 30.0, "tf32_pct": 30.0}))
     assert list(found) == ["memory_bound_kernels"]
     assert found["memory_bound_kernels"]["demo"] == (
         "mixed_precision" if bf16_first else "launch_overhead")
     assert found["memory_bound_kernels"]["fix"].startswith("BF16 first") is bf16_first
+
+
+@pytest.mark.parametrize("sixteen_bit_pct, bf16_first", [
+    pytest.param(below(30.0), True, id="below"), pytest.param(30.0, True, id="at"),
+    pytest.param(above(30.0), False, id="above")])
+def test_memory_bound_kernels_says_bf16_only_while_fp32_matmuls_outweigh_16_bit_ones(
+        base, sixteen_bit_pct, bf16_first):
+    """FP32 data on every memory-bound kernel; matmuls 30 % of kernel time in TF32 beside 16-bit
+    tensor-core time below, at and above it: from above, autocast is on already."""
+    pct = MEMORY_BOUND_MIN_PCT * (1 + COMFORT) / 2
+    found = by_id(changed(base, gpu={"memory_bound_pct": pct, "memory_bound_fp32_pct": pct,
+                                     "tensor_core_pct": 30.0 + sixteen_bit_pct,
+                                     "tf32_pct": 30.0}))
+    assert found["memory_bound_kernels"]["fix"].startswith("BF16 first") is bf16_first
+
+
+def test_memory_bound_kernels_gives_way_to_naive_attention(base):
+    """Written-out attention's softmax and copies are memory bound; naive_attention names them,
+    with the fix (SDPA) that removes them rather than fusing them."""
+    m = changed(base, gpu={"memory_bound_pct": 80.0, "memory_bound_fp32_pct": 0.0},
+                attention={"square_softmax_max": float(verdicts.NAIVE_ATTENTION_MIN_SEQ),
+                           "sdpa_ops_per_step": 0.0})
+    assert finding_ids(m) == ["naive_attention"]
 
 
 def test_memory_bound_kernels_is_high_from_the_upper_limits_fraction(base):
