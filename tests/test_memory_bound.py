@@ -11,8 +11,14 @@ import pytest
 from common import analyze, verdicts
 from common.kernel_names import data_precision, is_memory_bound_op
 from tests.conftest import ROOT
-from tests.kineto_builder import (BF16_GEMM, ELEMENTWISE, FLASH_BF16_FWD, FP32_GEMM, NVJET_GEMM,
-                                  KinetoTrace)
+from tests.kineto_builder import (
+    BF16_GEMM,
+    ELEMENTWISE,
+    FLASH_BF16_FWD,
+    FP32_GEMM,
+    NVJET_GEMM,
+    KinetoTrace,
+)
 
 SHARED_TRACES = ROOT.parent / "shared" / "traces"  # real traces from other people's GPUs
 H100 = ROOT / "traces" / "reference" / "h100"
