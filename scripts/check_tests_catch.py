@@ -129,6 +129,25 @@ EDITS = (
          "kept = allocation & (step_of < n_steps - 1)", ("tests/test_memory.py",)),
     Edit("an allocation named by its innermost operator", "common/memory.py",
          "    outer = start >= reach\n", "    outer = start == start\n", ("tests/test_memory.py",)),
+    # Memory-bound kernels, and the order of the findings.
+    Edit("memory_bound_kernels no longer gives way to naive_attention", "common/verdicts.py",
+         "if pct < MEMORY_BOUND_MIN_PCT or rule_naive_attention(m):",
+         "if pct < MEMORY_BOUND_MIN_PCT:", VERDICT_TESTS),
+    Edit("BF16 first's FP32 share >= made >", "common/verdicts.py",
+         "if fp32 >= MEMORY_BOUND_FP32_MIN_SHARE * pct",
+         "if fp32 > MEMORY_BOUND_FP32_MIN_SHARE * pct", VERDICT_TESTS),
+    Edit("matmuls in 16 bits from equal FP32 time", "common/verdicts.py",
+         'return gpu["tensor_core_pct"] - gpu["tf32_pct"] > fp32',
+         'return gpu["tensor_core_pct"] - gpu["tf32_pct"] >= fp32', VERDICT_TESTS),
+    Edit("the memory-bound share summed, not a union", "common/metrics.py",
+         "return union_in(Spans(kernels.start[chosen], kernels.end[chosen]), low, high)",
+         "return float((kernels.end - kernels.start)[chosen].sum())",
+         ("tests/test_memory_bound.py",)),
+    Edit("findings by share, smallest first", "common/verdicts.py",
+         '-(f["share_pct"] or 0.0)', '(f["share_pct"] or 0.0)', ("tests/test_verdict_order.py",)),
+    Edit("findings without a share after those with one", "common/verdicts.py",
+         'f["share_pct"] is not None,', 'f["share_pct"] is None,',
+         ("tests/test_verdict_order.py",)),
 )
 
 
