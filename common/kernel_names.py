@@ -370,6 +370,7 @@ def uses_tf32(name: str) -> bool:
 # already). Limits: element-wise kernels of
 # other libraries (Apex, Transformer Engine, one's own) are not recognised.
 LAYOUT_CONVERSION_MARKERS = ("nchwtonhwc", "nhwctonchw", "batched_transpose_")
+SOFTMAX_MARKER = "softmax"
 MEMORY_BOUND_MARKERS = ("at::native::", "cudnn::bn_", "miopenbatchnorm", "subtensorop",
                         "softmax_warp_", *LAYOUT_CONVERSION_MARKERS)
 MEMORY_BOUND_EXCLUDED = ("multi_tensor_apply", "fused_adam", "fused_sgd", "nccl")
@@ -385,6 +386,12 @@ def is_layout_conversion(name: str) -> bool:
     """A library's NCHW<->NHWC conversion around a convolution (see above)."""
     lowered = name.lower()
     return any(marker in lowered for marker in LAYOUT_CONVERSION_MARKERS)
+
+
+def is_softmax(name: str) -> bool:
+    """A memory-bound softmax kernel (ATen's cunn_SoftMax..., softmax_warp_...): attention's,
+    where no fused attention ran, or a classifier's."""
+    return SOFTMAX_MARKER in name.lower() and is_memory_bound_op(name)
 
 
 def is_memory_bound_op(name: str) -> bool:

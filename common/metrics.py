@@ -15,6 +15,7 @@ from common.kernel_names import (
     is_gemm,
     is_layout_conversion,
     is_memory_bound_op,
+    is_softmax,
     signature_precision,
     uses_tensor_cores,
     uses_tf32,
@@ -286,6 +287,7 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     memory_bound_fp32 = memory_bound & np.array([data_precision(n) == "fp32" for n in table],
                                                 dtype=bool)
     layout_conversion = np.array([is_layout_conversion(n) for n in table], dtype=bool)
+    softmax = np.array([is_softmax(n) for n in table], dtype=bool)
 
     in_steps = runtime_step >= 0
     launch_time = float((columns.runtime.end - columns.runtime.start)[
@@ -368,11 +370,12 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
         "cuda_core_16bit_gemm_pct": share(float(duration[cuda_core_16bit].sum()), kernel_time),
         "handwritten_fp32_gemm_pct": share(float(duration[handwritten_fp32].sum()), kernel_time),
         # Share of the window the GPU spends in eager memory-bound kernels (the union of them in
-        # the window / window, as utilization), in those of them moving FP32 data, and in layout
-        # conversions (a part of them).
+        # the window / window, as utilization), in those of them moving FP32 data, and in two parts
+        # of them: layout conversions and softmaxes.
         "memory_bound_pct": share(kernels_in_window(memory_bound), span),
         "memory_bound_fp32_pct": share(kernels_in_window(memory_bound_fp32), span),
         "layout_conversion_pct": share(kernels_in_window(layout_conversion), span),
+        "softmax_pct": share(kernels_in_window(softmax), span),
         "handwritten_fp32_gemm_top": (
             table[int(np.bincount(name_id[handwritten_fp32], weights=duration[handwritten_fp32],
                                   minlength=len(table)).argmax())]

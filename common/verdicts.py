@@ -56,6 +56,9 @@ MEMORY_BOUND_MIN_PCT = 50.0  # % of the window in eager memory-bound kernels
 # time (kernel_names.data_precision) and the matmuls are FP32: autocast halves the bytes each
 # of them moves.
 MEMORY_BOUND_FP32_MIN_SHARE = 0.5  # share of the memory-bound time; ours: half or more
+# Its fix names a part of that time with its own remedy (layout conversions: channels_last;
+# softmaxes with no fused attention: SDPA) from this share of the window: host_sync's cut.
+MEMORY_BOUND_PART_MIN_PCT = 5.0  # % of the window
 ACTIVATION_MEMORY_MIN_PCT = 85.0  # peak allocated, % of the GPU's memory; peers' rule
 ACTIVATION_MEMORY_HIGH_PCT = 95.0  # % of the GPU: the next larger step is likely out of memory
 H2D_MIN_PCT = 10.0  # % of the window in host-to-device copies no kernel overlaps; peers' rule
@@ -454,7 +457,7 @@ def rule_small_batch(m: dict) -> dict | None:
         severity(gpu["recorded_utilization_pct"], SMALL_BATCH_UTILIZATION_MAX_PCT,
                  upper_limit=True),
         evidence, fix, "small_batch",
-        share_pct=100.0 - gpu["recorded_utilization_pct"])
+        share_pct=gpu["idle_pct"] - gpu["idle_by_cause_pct"]["unrecorded"])
 
 
 def host_side_idle_pct(gpu: dict) -> float:
@@ -626,9 +629,13 @@ def rule_fp32_matmul(m: dict) -> dict | None:
     if own >= HANDWRITTEN_FP32_FIX_MIN_SHARE * pct:  # autocast does not change their types
         fix += ("; your own kernel stays FP32 under autocast: call torch.matmul on 16-bit "
                 "tensors instead, or give it 16-bit operands and WMMA or mma.sync")
-    # Its share of the window: that kernel time over the window (pct is of kernel time).
-    window_pct = pct * gpu["kernel_ms_per_step"] * m["steps"] / m["window_ms"]
-    return finding("fp32_matmul", severity(pct, FP32_GEMM_MIN_PCT), evidence, fix,
+    # Its share of the window: that kernel time over the window (pct is of kernel time), at most
+    # the GPU's busy share (kernels on several streams can overlap). Graded on it, as the other
+    # rules' shares: FP32 GEMMs that fill a small kernel time on an idle GPU are no high finding.
+    window_pct = min(pct * gpu["kernel_ms_per_step"] * m["steps"] / m["window_ms"],
+                     gpu["utilization_pct"])
+    evidence += f"; {window_pct:.1f} % of the window"
+    return finding("fp32_matmul", severity(window_pct, FP32_GEMM_MIN_PCT), evidence, fix,
                    "mixed_precision", share_pct=window_pct)
 
 
@@ -654,9 +661,15 @@ def rule_memory_bound_kernels(m: dict) -> dict | None:
                 f"kernel time (rule: >= {MEMORY_BOUND_MIN_PCT:.0f} % of the window)")
     fuse = ("fuse them: torch.compile writes one kernel per chain of them, which reads each "
             "tensor once")
-    if layout > 0:
+    if layout >= MEMORY_BOUND_PART_MIN_PCT:
         fuse += (f"; layout conversions around the convolutions take {layout:.1f} % of the "
                  f"window, which channels_last (NHWC) removes")
+    softmax = gpu.get("softmax_pct", 0.0)
+    if (softmax >= MEMORY_BOUND_PART_MIN_PCT
+            and not (m.get("attention") or {}).get("sdpa_ops_per_step")):
+        fuse += (f"; softmaxes take {softmax:.1f} % of the window and no "
+                 f"scaled_dot_product_attention ran: if they are attention's, SDPA never writes "
+                 f"the scores (see demos/naive_attention/)")
     level = severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True)
     if fp32 >= MEMORY_BOUND_FP32_MIN_SHARE * pct and not matmuls_in_16_bit(gpu):
         return finding("memory_bound_kernels", level, evidence,
@@ -956,7 +969,8 @@ def rule_ddp_sync(m: dict) -> dict | None:
         f"{DDP_SYNCED_MICRO_BATCHES_MIN} synced micro-batches per step)",
         "accumulate locally and all-reduce once per step: run every micro-batch but the last "
         "(forward and backward) inside `with model.no_sync():`", "ddp_no_sync",
-        share_pct=dist["comm_pct"])
+        # the collectives' time the fix removes: all but the last micro-batch's
+        share_pct=dist["comm_pct"] * (1 - 1 / dist["synced_forwards_per_step"]))
 
 
 RULES = (rule_dataloader, rule_host_region, rule_host_work_ops, rule_small_batch, rule_fp32_matmul,
@@ -1004,8 +1018,9 @@ def findings_for(metrics: dict) -> list[dict]:
 
 
 def rank(f: dict) -> tuple:
-    """The findings' order: high before medium; within a level those that measure no share of
-    the window (memory, compiling, the attention's shape: no slice of the step to weigh) in rule
-    order, then the rest by share_pct, largest first (what the fix can win back); the sort is
-    stable, so equal shares keep rule order."""
+    """The findings' order: high before medium; within a level, first the findings that measure
+    no share of the window (memory, compiling, the attention's shape: no slice of the step to
+    weigh, but each holds the others back: a frame past the recompile limit runs eagerly, memory
+    near full blocks a larger batch) in rule order, then the rest by share_pct, largest first (what
+    the fix can win back). The sort is stable: equal shares keep rule order."""
     return f["severity"] != "high", f["share_pct"] is not None, -(f["share_pct"] or 0.0)

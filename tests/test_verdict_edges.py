@@ -400,8 +400,12 @@ def test_severity_of_an_upper_limit_is_high_from_the_fraction_down():
 
 # Each: (rule id, threshold, upper limit?, metrics with the graded value set to `v`).
 SEVERITY_CASES = {
+    # Graded on its share of the window: kernel time made the whole window, so the GEMMs' share
+    # of kernel time is that share (utilization 100 %, the cap).
     "fp32_matmul": (FP32_GEMM_MIN_PCT, False,
-                    lambda base, v: changed(base, gpu={"non_tensor_core_gemm_pct": v})),
+                    lambda base, v: changed(base, gpu={
+                        "non_tensor_core_gemm_pct": v, "utilization_pct": 100.0,
+                        "kernel_ms_per_step": base["window_ms"] / base["steps"]})),
     "dataloader": (DATALOADER_SHARE_MIN_PCT, False,
                    lambda base, v: changed(base, dataloader_pct=v)),
     "launch_overhead": (LAUNCH_TO_KERNEL_TIME_MIN, False,
