@@ -367,8 +367,8 @@ def uses_tf32(name: str) -> bool:
 # short rows is softmax_warp_forward/backward, outside at::native. Not counted: GEMMs and
 # attention (matrix math, above), the optimizer's multi-tensor kernels (a step's update in a few
 # launches already: unfused_optimizer's lesson), collectives, and Triton kernels (Inductor's, fused
-# already). Limits: element-wise kernels of
-# other libraries (Apex, Transformer Engine, one's own) are not recognised.
+# already). Limits: element-wise kernels of other libraries (Apex, Transformer Engine, one's own)
+# are not recognised.
 LAYOUT_CONVERSION_MARKERS = ("nchwtonhwc", "nhwctonchw", "batched_transpose_")
 SOFTMAX_MARKER = "softmax"
 MEMORY_BOUND_MARKERS = ("at::native::", "cudnn::bn_", "miopenbatchnorm", "subtensorop",
@@ -389,9 +389,10 @@ def is_layout_conversion(name: str) -> bool:
 
 
 def is_softmax(name: str) -> bool:
-    """A memory-bound softmax kernel (ATen's cunn_SoftMax..., softmax_warp_...): attention's,
-    where no fused attention ran, or a classifier's."""
-    return SOFTMAX_MARKER in name.lower() and is_memory_bound_op(name)
+    """A kernel named as a softmax (ATen's cunn_SoftMax..., softmax_warp_...; Inductor's fused
+    ones too, which is_memory_bound_op leaves out): attention's, where no fused attention ran, or a
+    classifier's."""
+    return SOFTMAX_MARKER in name.lower()
 
 
 def is_memory_bound_op(name: str) -> bool:

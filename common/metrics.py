@@ -287,7 +287,7 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
     memory_bound_fp32 = memory_bound & np.array([data_precision(n) == "fp32" for n in table],
                                                 dtype=bool)
     layout_conversion = np.array([is_layout_conversion(n) for n in table], dtype=bool)
-    softmax = np.array([is_softmax(n) for n in table], dtype=bool)
+    softmax = memory_bound & np.array([is_softmax(n) for n in table], dtype=bool)
 
     in_steps = runtime_step >= 0
     launch_time = float((columns.runtime.end - columns.runtime.start)[

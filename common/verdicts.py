@@ -670,12 +670,13 @@ def rule_memory_bound_kernels(m: dict) -> dict | None:
         fuse += (f"; softmaxes take {softmax:.1f} % of the window and no "
                  f"scaled_dot_product_attention ran: if they are attention's, SDPA never writes "
                  f"the scores (see demos/naive_attention/)")
-    level = severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True)
+    fix, demo = fuse, "launch_overhead"
     if fp32 >= MEMORY_BOUND_FP32_MIN_SHARE * pct and not matmuls_in_16_bit(gpu):
-        return finding("memory_bound_kernels", level, evidence,
-                       "BF16 first: torch.autocast(\"cuda\", dtype=torch.bfloat16) halves the "
-                       "bytes each kernel moves; then " + fuse, "mixed_precision", share_pct=pct)
-    return finding("memory_bound_kernels", level, evidence, fuse, "launch_overhead", share_pct=pct)
+        fix, demo = ("BF16 first: torch.autocast(\"cuda\", dtype=torch.bfloat16) halves the bytes "
+                     "each kernel moves; then " + fuse, "mixed_precision")
+    return finding("memory_bound_kernels",
+                   severity(100.0 - pct, 100.0 - MEMORY_BOUND_MIN_PCT, upper_limit=True),
+                   evidence, fix, demo, share_pct=pct)
 
 
 def rule_activation_memory(m: dict) -> dict | None:
