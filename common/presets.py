@@ -137,8 +137,8 @@ PRESETS: dict[str, dict[str, Preset]] = {
                         sizes=dict(vocab=64, d_model=32, heads=2, blocks=1, max_len=128,
                                    median_len=16, num_classes=10)),
     },
-    # The ladder: one training script made fast a fix a rung (demos/ladder/). Rungs 0-2 train
-    # at LADDER_FIRST_BATCH; rung 3 takes the preset's batch, one that fills the device.
+    # The ladder: one training script made fast a fix a rung (demos/ladder/). Rungs 0-1 train
+    # at LADDER_FIRST_BATCH; rung 2 takes the preset's batch, one that fills the device.
     "ladder": {
         # dataloader_workers' GPU setting: ResNet-50 on 224 px crops of ~ImageNet-sized JPEGs,
         # GPU bound at batch 256 with the workers of the H100 machine's 16 cores.

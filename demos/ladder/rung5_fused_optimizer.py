@@ -1,0 +1,30 @@
+"""The ladder, rung 5 (the last): a fused optimizer. AdamW updates every parameter in one fused
+operation (fused=True; foreach=True where this torch has no fused AdamW for the device) instead of
+31 small operations per parameter tensor. Once the step is compiled, AdamW's loop holds a fifth
+of the H100's window; the analyzer names it after the waits on the DataLoader. See README.md in
+this folder."""
+import torch
+from torch.utils.data import DataLoader
+
+from common import data, harness, models, presets
+
+
+def main() -> None:
+    # the preset's batch: kernels big enough to fill the GPU, the step's fixed costs shared
+    run = harness.setup(demo="ladder", variant="rung5_fused_optimizer")
+    images = data.augmented_images(run)
+    loader = DataLoader(images, batch_size=run.batch_size, shuffle=True, drop_last=True,
+                        # the cores the training process leaves free prepare the next batches
+                        num_workers=presets.loader_workers(run.device.type),
+                        pin_memory=run.is_cuda, persistent_workers=True)
+    model = models.resnet_model(run)
+    harness.require_compile_toolchain(run)  # compiling builds generated code: needs a compiler
+    model = torch.compile(model)  # one graph: small operations fused, fewer launches
+    run.config["torch_compile"] = "default"
+    optimizer = models.adamw(run, model, **models.fused_or_foreach(run))  # one update for all
+    # convolutions and matmuls in BF16: tensor cores on a GPU, half the bytes to move
+    harness.train(run, model, optimizer, loader, autocast_dtype=torch.bfloat16)
+
+
+if __name__ == "__main__":
+    main()
