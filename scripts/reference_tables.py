@@ -104,6 +104,8 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
             result = compare.headline(comparisons[demo]) or "n/a"
         elif ladder.is_memory_ladder(folder / demo):  # which rungs fit: no bad and fixed
             result = ladder.fits_headline(ladder.memory_rows(folder / demo))
+        elif ladder.is_ladder(folder / demo):  # rung 0 to the last rung: no bad and fixed
+            result = ladder.waterfall_headline(ladder.ladder_rows(folder / demo))
         else:
             result = NOT_IN_REFERENCE
         lines.append(f"| [`{demo}`](demos/{demo}/) | {symptom} | {fix} | {result} | {cpu} |"

@@ -337,9 +337,8 @@ ZOOMS = {
                        labels=((FRAME_ROW_PREFIX + "0", "compiled regions,\nframe 0 (forward)"),
                                (FRAME_ROW_PREFIX + "1", "frame 1: forward\nafter the .item()"))),
     # The ladder as dataloader_workers draws its pair: rung 0 decodes its JPEGs in the training
-    # process, the GPU idle meanwhile; the last rung (workers, a fused optimizer, a larger
-    # batch, BF16, compiled) runs several steps in one of rung 0's. Chosen before the ladder had
-    # a GPU run (it is not in the H100 reference yet): check it against the first one.
+    # process, the GPU idle meanwhile; the last rung (workers, a larger batch, BF16, compiled, a
+    # fused optimizer) runs several steps in one of rung 0's: about three on the H100 reference.
     "ladder": Zoom(HOST, (DATALOADER_REGION, "forward", "backward", "optimizer", GPU_ROW),
                    steps=1, what="one step of rung 0", note=LADDER_NOTE),
     # The CPU window (CPU_ZOOMS), with the GPU row: memory follows the host on a GPU too, so one

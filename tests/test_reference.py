@@ -24,7 +24,9 @@ from common.intervals import merge
 from tests.conftest import ROOT
 
 REFERENCE = ROOT / "traces" / "reference"
-REFERENCE_MAX_MB = 40  # MB (10^6 bytes) in traces/reference/<gpu>/; the reference-run issue's cap
+# MB (10^6 bytes) in traces/reference/<gpu>/: 40 for the first thirteen pairs, few profiled steps
+# and no stacks; the optimization ladder's six rungs (4.3 MB on the H100) raised it.
+REFERENCE_MAX_MB = 45
 
 
 
