@@ -220,12 +220,16 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
                   next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable,
                   autocast_dtype: torch.dtype | None = None,
                   step_args: Callable[[], tuple] = tuple,
-                  micro_batches: int = 1) -> Callable[[], None]:
+                  micro_batches: int = 1,
+                  to_device: Callable[[tuple], tuple] = lambda batch: batch
+                  ) -> Callable[[], None]:
     """One training step in the four regions every trace shows: data, forward, backward,
     optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast.
     `step_args()` is called once a step, in the data region; what it returns follows the inputs
-    into the forward call: model(inputs, *step_args()). With `micro_batches` > 1 (gradient
-    accumulation; tensor inputs), the batch runs forward and backward in that many
+    into the forward call: model(inputs, *step_args()). `to_device(batch)` puts the batch where
+    the model is, in the data region too but outside run.data_wait_s: a blocking copy to a GPU
+    waits for the step before's kernels, which is no wait for data. With `micro_batches` > 1
+    (gradient accumulation; tensor inputs), the batch runs forward and backward in that many
     micro-batches, each loss divided by their number, and the optimizer steps once: the whole
     batch's gradients, with the activations of one micro-batch at a time."""
     model.train()
@@ -240,9 +244,10 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
     def step() -> None:
         with record_function("data"):
             fetch_started = time.perf_counter()
-            inputs, targets = next_batch()
+            batch = next_batch()
             args = step_args()
             run.data_wait_s += time.perf_counter() - fetch_started
+            inputs, targets = to_device(batch)
         parts = ([(inputs, targets)] if micro_batches == 1  # inputs of any kind (a tuple too)
                  else zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
         for part, part_targets in parts:
@@ -267,15 +272,15 @@ def train(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     Returns the summary."""
     batches = forever(loader)
 
-    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = next(batches)
-        # A plain copy from pageable memory: the CPU waits for it, in the compute stream. A batch
-        # already on the device (a prefetcher put it there) is returned as it is.
+    def to_device(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = batch
+        # A plain copy: the CPU waits for it, in the compute stream, behind the step before's
+        # kernels. A batch already on the device (a prefetcher put it there) is returned as it is.
         return inputs.to(run.device), targets.to(run.device)
 
     run.config.update(describe_loader(loader), autocast_dtype=autocast_name(run, autocast_dtype))
-    return measure(run, training_step(run, model, optimizer, next_batch, loss_fn,
-                                      autocast_dtype))
+    return measure(run, training_step(run, model, optimizer, lambda: next(batches), loss_fn,
+                                      autocast_dtype, to_device=to_device))
 
 
 def train_on_device(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -158,11 +158,18 @@ def test_the_training_step_adds_up_its_wait_for_data(monkeypatch, tmp_path):
         clock.now_s += 1.0  # model time: not a wait for data
         return torch.nn.functional.cross_entropy(logits, targets)
 
+    def to_device(batch):
+        clock.now_s += 2.0  # a blocking copy to a GPU, behind the step before's kernels
+        return batch
+
     assert run.data_wait_s is None  # a demo with its own step has no data wait to report
-    step = harness.training_step(run, model, optimizer, next_batch, loss_fn)
+    step = harness.training_step(run, model, optimizer, next_batch, loss_fn, to_device=to_device)
+    started_s = clock.now_s
     step()
     step()
     assert run.data_wait_s == pytest.approx(0.5)
+    # the copy ran, each step, outside the wait
+    assert clock.now_s - started_s == pytest.approx(2 * (0.25 + 1.0 + 2.0))
 
 
 def test_out_of_gpu_memory_is_one_line_exit_2_and_leaves_nothing(monkeypatch, capsys, tmp_path):
