@@ -95,7 +95,8 @@ def top_block(folder: Path, comparisons: dict, hand: dict[str, tuple[str, str, s
               f"{run_on} (every number: "
               f"[REPORT.md]({shown(folder)}/REPORT.md); how it was made: "
               f"[traces/reference/README.md](traces/reference/README.md))."), "",
-             f"| pair | symptom | fix | {gpu.upper()}, fixed vs bad | CPU, fixed vs bad |",
+             f"| pair | symptom | fix | {gpu.upper()}: fixed vs bad (a ladder: its rungs) | "
+             "CPU: fixed vs bad (a ladder: its rungs) |",
              "|---|---|---|---|---|"]
     order = list(hand) + sorted(demo for demo in comparisons if demo not in hand)
     for demo in order:
