@@ -206,6 +206,10 @@ def analyze(path: Path) -> Analysis:
                     "p95": float(np.percentile(step_ms, 95))},
         "dataloader_pct": (100.0 * union_in(columns.dataloader, *window) / span
                            if span > 0 else 0.0),
+        # Whether the DataLoader's batches come from worker processes, as its spans name its
+        # iterator; None where no DataLoader span says.
+        "dataloader_workers": (trace.MULTIPROCESS_LOADER_ITERATOR in columns.dataloader_iterators
+                               if columns.dataloader_iterators else None),
         # The idle split names the host regions and, where no region holds, the host's operators
         # that enqueue no GPU work (host_ops.with_host_work_ops).
         "gpu": (gpu_metrics(columns, window, n_steps, runtime_step, host, syncs=syncs,
@@ -394,6 +398,11 @@ def peak_memory_line(peak_mb: float | None, device_mb: float | None) -> str:
     return f"peak memory  {peak_mb:.0f} MB" + (f" of {device_mb:.0f} MB" if device_mb else "")
 
 
+# Where the DataLoader's batches are made, as its spans say (metrics' dataloader_workers).
+LOADER_WORDS = {True: " (batches from worker processes)",
+                False: " (batches made in the training process)", None: ""}
+
+
 def format_human(result: dict) -> str:
     step = result["step_ms"]
     lines = [f"trace        {result['trace']}",
@@ -405,7 +414,8 @@ def format_human(result: dict) -> str:
              + ("" if result["steps_named"] else " (no ProfilerStep#N: the whole trace)")
              + f", step time mean {step['mean']:.1f} ms, p50 {step['p50']:.1f} ms, "
                f"p95 {step['p95']:.1f} ms",
-             f"DataLoader   {result['dataloader_pct']:.1f} % of the steps",
+             f"DataLoader   {result['dataloader_pct']:.1f} % of the steps"
+             + LOADER_WORDS[result.get("dataloader_workers")],
              peak_memory_line(result["peak_memory_mb"], result["device_memory_mb"])]
     lines += memory_lines(result["memory"])
     lines += compiled_lines(result["compiled"])

@@ -44,9 +44,23 @@ DATAPIPE_PREFIX = "enumerate(DataPipe)#"
 PROFILER_OVERHEAD_WARN_RATIO = 1.2
 
 
+# The DataLoader's iterator when its batches come from worker processes (num_workers > 0), as
+# torch names it in the span: enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__;
+# without workers it is _SingleProcessDataLoaderIter.
+MULTIPROCESS_LOADER_ITERATOR = "_MultiProcessingDataLoaderIter"
+
+
 def is_dataloader_span(name: str) -> bool:
     return ((name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX))
             or name.startswith(DATAPIPE_PREFIX))
+
+
+def dataloader_iterator(name: str) -> str | None:
+    """The iterator's class a DataLoader span names ("_MultiProcessingDataLoaderIter"); None for
+    any other span, a DataPipe's too."""
+    if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
+        return name[len(DATALOADER_PREFIX):-len(DATALOADER_SUFFIX)]
+    return None
 
 
 def trace_files(run_dir: Path) -> list[Path]:

@@ -171,6 +171,7 @@ class TraceColumns:
     runtime_name_table: list[str]
     steps: Spans  # ProfilerStep#N on the CPU, sorted
     dataloader: Spans
+    dataloader_iterators: frozenset[str]  # the iterator classes its spans name (trace.py)
     cpu_ops: Spans  # CPU Exec candidates (not steps, not DataLoader)
     cpu_extent: tuple[float, float] | None  # first start, last end of CPU-side spans
     all_extent: tuple[float, float]  # of every timed event
@@ -725,6 +726,8 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         steps=Spans(np.array([start for _, start, _ in steps], dtype=np.float64),
                     np.array([end for _, _, end in steps], dtype=np.float64)),
         dataloader=dataloader,
+        dataloader_iterators=frozenset(filter(None, (trace.dataloader_iterator(name)
+                                                     for name, _, _ in named))),
         cpu_ops=Spans(pieces.column("cpu_op_start"), pieces.column("cpu_op_end")),
         cpu_extent=(tuple(pieces.cpu_extent) if pieces.cpu_extent[0] <= pieces.cpu_extent[1]
                     else None),

@@ -179,12 +179,22 @@ def rule_dataloader(m: dict) -> dict | None:
     up = m["gpu"]["copies_per_step"]["h2d"] if m["gpu"] else None
     pinned = (up is not None and up["pageable_pct"] is not None
               and up["pageable_pct"] < H2D_PAGEABLE_MIN_PCT)
+    workers = m.get("dataloader_workers")
+    if workers:  # the workers are there and still too slow: each batch must cost them less
+        fix = ("the worker processes do not keep up with the step: more workers where cores are "
+               "free, less work per sample in them (uint8 images, 4x fewer bytes to pass and "
+               "copy than float32; images decoded at the size the model reads), or the decoding "
+               "moved to the GPU (JPEGs: nvJPEG, torchvision.io.decode_jpeg(..., "
+               "device=\"cuda\"))")
+    else:
+        fix = ("prepare batches in worker processes (DataLoader num_workers > 0, "
+               "persistent_workers, prefetch_factor)")
     return finding(
         "dataloader", severity(pct, DATALOADER_SHARE_MIN_PCT),
-        f"data-loading bound: {pct:.0f} % of each step waits on the DataLoader "
-        f"(enumerate(DataLoader)#...__next__; rule: >= {DATALOADER_SHARE_MIN_PCT:.0f} %)",
-        "prepare batches in worker processes (DataLoader num_workers > 0, persistent_workers, "
-        "prefetch_factor); on a GPU also "
+        f"data-loading bound: {pct:.0f} % of each step waits on the DataLoader"
+        + (", whose batches come from worker processes" if workers else "")
+        + f" (enumerate(DataLoader)#...__next__; rule: >= {DATALOADER_SHARE_MIN_PCT:.0f} %)",
+        fix + "; on a GPU also "
         + ("the copy on a side CUDA stream (the batches come from pinned memory already)"
            if pinned else "pin_memory=True and the copy on a side CUDA stream"),
         "dataloader_workers", share_pct=pct)

@@ -148,6 +148,10 @@ EDITS = (
     Edit("findings without a share after those with one", "common/verdicts.py",
          'f["share_pct"] is not None,', 'f["share_pct"] is None,',
          ("tests/test_verdict_order.py",)),
+    Edit("dataloader_workers reads any DataLoader iterator as workers", "common/analyze.py",
+         "(trace.MULTIPROCESS_LOADER_ITERATOR in columns.dataloader_iterators",
+         "(bool(columns.dataloader_iterators)",
+         ("tests/test_analyze.py", "tests/test_real_traces.py")),
 )
 
 

@@ -107,9 +107,11 @@ class KinetoTrace:
         """A Python function span (with_stack=True), e.g. "nn.Module: Linear_0"."""
         self.span("python", name, ts, dur)
 
-    def dataloader(self, ts: float, dur: float) -> None:
-        self.span("dataloader", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts,
-                  dur)
+    def dataloader(self, ts: float, dur: float,
+                   iterator: str = "_SingleProcessDataLoaderIter") -> None:
+        """A DataLoader's __next__: `iterator` names where its batches are made, in the training
+        process or (_MultiProcessingDataLoaderIter) in worker processes."""
+        self.span("dataloader", f"enumerate(DataLoader)#{iterator}.__next__", ts, dur)
 
     def runtime(self, name: str, ts: float, dur: float, role: str = "runtime", tid=None) -> int:
         correlation = self.next_correlation

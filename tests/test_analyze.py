@@ -196,6 +196,32 @@ def test_no_steps_means_the_whole_trace_is_one_step(tmp_path):
     assert result["peak_memory_mb"] is None
 
 
+@pytest.mark.parametrize("iterator, workers", [("_SingleProcessDataLoaderIter", False),
+                                               ("_MultiProcessingDataLoaderIter", True),
+                                               (None, None)])
+def test_the_dataloader_fix_follows_where_its_batches_are_made(tmp_path, iterator, workers):
+    """The same wait on the DataLoader (25 % of the step): without workers the fix is workers;
+    with workers already there, it is cheaper batches for them. Without a DataLoader span the
+    trace says nothing of workers (and the rule is silent)."""
+    t = KinetoTrace(vocabulary="2021")
+    t.step(7, 1000, 400)
+    if iterator:
+        t.dataloader(1000, 100, iterator=iterator)
+    t.op("aten::conv2d", 1100, 300)
+    result = analyze.analyze_trace(t.write(tmp_path / "t.pt.trace.json"))
+    assert result["dataloader_workers"] is workers
+    found = {f["id"]: f for f in result["findings"]}
+    assert ("dataloader" in found) == (iterator is not None)
+    if iterator:
+        fix = found["dataloader"]["fix"]
+        assert fix.startswith("the worker processes do not keep up" if workers
+                              else "prepare batches in worker processes")
+        assert found["dataloader"]["share_pct"] == pytest.approx(25.0)
+    line = next(row for row in analyze.format_human(result).splitlines()
+                if row.startswith("DataLoader"))
+    assert line.endswith(analyze.LOADER_WORDS[workers])
+
+
 def test_one_step_cpu_trace_with_integer_times(tmp_path):
     t = KinetoTrace(vocabulary="2021")
     t.step(7, 1000, 400)

@@ -299,6 +299,19 @@ def test_device_steps_and_name_by_hand(name):
     assert (result["gpu"] is None) == (not has_gpu)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_where_the_dataloader_makes_its_batches_by_hand(name):
+    """dataloader_workers: True where a DataLoader span names the worker processes' iterator,
+    False where they name only the training process's, None where the trace has none. Two of
+    these traces (a100_nccl, v100_nccl) were recorded with workers; none fires `dataloader`."""
+    _, events = raw(name)
+    iterators = {e["name"].split("#", 1)[1].rsplit(".", 1)[0] for e in events
+                 if e["name"].startswith("enumerate(DataLoader)#")
+                 and e["name"].endswith(".__next__")}
+    hand = "_MultiProcessingDataLoaderIter" in iterators if iterators else None
+    assert cli_json(name)["dataloader_workers"] is hand
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if EXPECTED[n]["device"] != "cpu"])
 def test_gpu_counts_by_hand(name):
     """launches, kernels and syncs per step (and syncs by cause) by the hand rules, exactly; the
