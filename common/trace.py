@@ -51,8 +51,7 @@ MULTIPROCESS_LOADER_ITERATOR = "_MultiProcessingDataLoaderIter"
 
 
 def is_dataloader_span(name: str) -> bool:
-    return ((name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX))
-            or name.startswith(DATAPIPE_PREFIX))
+    return dataloader_iterator(name) is not None or name.startswith(DATAPIPE_PREFIX)
 
 
 def dataloader_iterator(name: str) -> str | None:
