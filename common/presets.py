@@ -141,7 +141,8 @@ PRESETS: dict[str, dict[str, Preset]] = {
     # at LADDER_FIRST_BATCH; rung 2 takes the preset's batch, one that fills the device.
     "ladder": {
         # dataloader_workers' GPU setting: ResNet-50 on 224 px crops of ~ImageNet-sized JPEGs,
-        # GPU bound at batch 256 with the workers of the H100 machine's 16 cores.
+        # GPU bound at batch 256 in eager FP32 with the workers of the H100 machine's 16 cores;
+        # compiled in BF16 the step outruns them (demos/ladder/README.md).
         "cuda": Preset(batch_size=256, steps=40, warmup_steps=10,
                        sizes=dict(source_px=256, crop_px=224, num_classes=1000,
                                   distinct_images=64, resnet_depth=50)),
@@ -149,7 +150,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
         # prepares an image in about half the time another trains on it.
         "cpu": Preset(batch_size=64, steps=12, warmup_steps=3,
                       sizes=dict(source_px=800, crop_px=64, num_classes=100, distinct_images=64)),
-        # 32 a step from rung 3 (16 before): tiny images, so a smoke rung still takes seconds.
+        # 32 a step from rung 2 (16 before): tiny images, so a smoke rung still takes seconds.
         "smoke": Preset(batch_size=32, steps=2, warmup_steps=1,
                         sizes=dict(source_px=64, crop_px=32, num_classes=10, distinct_images=4)),
     },
