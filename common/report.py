@@ -298,12 +298,16 @@ def memory_view_figure(analyses: dict[str, analyze.Analysis], title: str):
 WATERFALL_BEFORE_COLOR = "#b0bec5"  # what a rung kept of the rung before's: pale, the past
 WATERFALL_GAIN_COLOR = VARIANT_COLORS["fixed"]  # what a rung's fix added: green, as a fix
 WATERFALL_LOSS_COLOR = VARIANT_COLORS["bad"]  # what a rung lost against the one before: red
-WATERFALL_ROW_IN = 0.62  # inches a rung: its bar, and its two lines of 8 pt words beside it
+WATERFALL_ROW_IN = 0.62  # inches a rung: its bar, and up to three lines of 8 pt words beside it
 WATERFALL_EXTRA_IN = 1.5  # inches for the title, the axis and its label, the legend
-# The x axis runs past the fastest rung by this share of its samples/s: room for the words beside
-# its bar (two lines of about 65 characters at 8 pt), which stand right of each bar.
+# The x axis runs past the fastest rung by at least this share of its samples/s, and further
+# where a rung's words (three lines of up to ~65 characters at 8 pt, right of its bar) need it:
+# fit_waterfall_words measures them.
 WATERFALL_WORDS_ROOM = 1.0
 WATERFALL_WORDS_PAD = 0.01  # the words' gap from their bar's end, as a share of the x axis
+# Room kept right of the longest words, as a share of the axis: the final layout (save's
+# tight_layout, after the x ticks change) may narrow the axis by a few pixels.
+WATERFALL_WORDS_MARGIN = 0.02
 
 
 def verdict_words(top: dict | None) -> str:
@@ -328,7 +332,7 @@ def waterfall_bars(rows: list[dict]) -> list[dict]:
             words = (f"{speed}, the baseline", verdict)
         else:
             words = (f"{speed}; vs rung 0: {ladder.ratio_words(row['vs_first'])}",
-                     f"vs the rung before: {ladder.ratio_words(row['vs_previous'])}; {verdict}")
+                     f"vs the rung before: {ladder.ratio_words(row['vs_previous'])}", verdict)
         bars.append({"label": f"{row['rung']}\n(batch {row['batch_size']})",
                      "samples_per_s": row["samples_per_s"], "before": before,
                      "words": "\n".join(words)})
@@ -373,7 +377,29 @@ def waterfall_figure(rows: list[dict], title: str):
     # Top right: the first rungs are the slowest as a rule, their bars and words end soonest.
     ax.legend(list(legend.values()), list(legend), fontsize=8, loc="upper right")
     ax.set_title(title, fontsize=10, loc="left")
+    fit_waterfall_words(fig, ax, bars)
     return fig
+
+
+def fit_waterfall_words(fig, ax, bars: list[dict]) -> None:
+    """Widen the x axis until every rung's words end inside it: a word line's width is fixed in
+    points, so its share of the axis is measured once the layout is set; a bar ending at `end`
+    with words of that share fits where end / right + pad + share + margin <= 1. The words then
+    move to their bar's end plus the pad of the new axis."""
+    fig.tight_layout()  # the axis' width as save() will lay it out
+    renderer = fig.canvas.get_renderer()
+    axis_px = ax.get_window_extent(renderer).width
+    right = ax.get_xlim()[1]
+    ends = [max(bar["samples_per_s"], bar["before"] or 0.0) for bar in bars]
+    for end, text in zip(ends, ax.texts):
+        room = (1 - WATERFALL_WORDS_PAD - WATERFALL_WORDS_MARGIN
+                - text.get_window_extent(renderer).width / axis_px)
+        if room <= 0:
+            raise ValueError(f"the waterfall's words are wider than its axis: {text.get_text()!r}")
+        right = max(right, end / room)
+    ax.set_xlim(0, right)
+    for end, text in zip(ends, ax.texts):
+        text.set_x(end + WATERFALL_WORDS_PAD * right)
 
 
 # --- The memory ladder: each rung's peak against the budget. --------------------------------

@@ -119,6 +119,9 @@ REGION_ID_PAD = 0.004  # its gap from the region's end, as a share of the window
 NAMED_OPERATOR_COLOR = "#d84315"  # one operator picked out by name (the cache's aten::cat)
 NOTE_COLOR = "#616161"  # the grey of the lines that qualify a title
 NOTE_WIDTH = 120  # characters a line of the figure's note: what 10 pt fits across the figure
+# Characters a line of a panel's headline: 9 pt across a panel beside its row labels fits about
+# 130 (the ladder's, measured: 136 characters ran 0.2 in past the figure); wider labels leave less.
+HEADLINE_WIDTH = 110
 # A row split in two by kernel name: the row that is the lesson dark, the rest a pale green.
 TENSOR_CORE_COLOR = "#1b5e20"
 CUDA_CORE_COLOR = "#9ccc65"
@@ -1064,7 +1067,7 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
     ax.set_ylim(len(keys) - 0.4, -0.6)  # first row on top
     ax.set_xlim(low, high)
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(panel.headline, fontsize=9, loc="left", pad=16 if panel.note else 6)
+    ax.set_title(headline_lines(panel.headline), fontsize=9, loc="left", pad=16 if panel.note else 6)
     if panel.note:  # under the headline, in grey: a qualification, not a second headline
         ax.text(0, 1.02, panel.note, transform=ax.transAxes, fontsize=8, color=NOTE_COLOR,
                 ha="left", va="bottom")
@@ -1106,8 +1109,25 @@ def axis_label(data: FigureData) -> str:
             f"is busy")
 
 
+def headline_lines(headline: str) -> str:
+    """A panel's headline in lines of at most HEADLINE_WIDTH characters, broken after its "; "
+    clauses where it can; a clause longer than a line is broken at its spaces."""
+    clauses = headline.split("; ")
+    lines, line = [], ""
+    for k, clause in enumerate(clauses):
+        piece = clause + (";" if k < len(clauses) - 1 else "")
+        joined = f"{line} {piece}" if line else piece
+        if line and len(joined) > HEADLINE_WIDTH:
+            lines.append(line)
+            joined = piece
+        line = joined
+    lines.append(line)
+    return "\n".join(textwrap.fill(line, HEADLINE_WIDTH) for line in lines)
+
+
 def figure(data: FigureData):
     heights = [PANEL_EXTRA_IN + ROW_HEIGHT_IN * max(len(p.rows), 1)
+               + TITLE_LINE_IN * headline_lines(p.headline).count("\n")
                + (TITLE_LINE_IN if p.note else 0.0) for p in data.panels.values()]
     if data.zoom.memory:
         heights.append(MEMORY_PANEL_IN)

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
@@ -687,6 +688,71 @@ def test_every_demo_has_a_zoom_and_draws_the_same_window_for_both(drawn):
         for panel in data.panels.values():
             assert all(share.shape == (figures.COLUMNS,) for share in panel.rows.values())
             assert all(((share >= 0) & (share <= 1 + 1e-9)).all() for share in panel.rows.values())
+
+
+# What a figure draws past its edge is cut from the PNG: a headline or a rung's words that run
+# off it lose their last words. A pixel at the figures' 90 dpi is the tolerance.
+FIGURE_EDGE_TOLERANCE_IN = 1 / 90
+
+
+def reach_past_edges_in(fig) -> list[float]:
+    """How far (inches) what `fig` draws reaches past its left, bottom, right and top edges,
+    laid out as report.save lays it out; positive only where something runs past an edge."""
+    fig.tight_layout()
+    fig.canvas.draw()  # lays out what only drawing places (legends, titles)
+    drawn = fig.get_tightbbox(fig.canvas.get_renderer())
+    width, height = fig.get_size_inches()
+    return [-drawn.x0, -drawn.y0, drawn.x1 - width, drawn.y1 - height]
+
+
+def charts() -> list[tuple[str, object]]:
+    """The ladders' charts as the committed references draw them: the waterfall of each device's
+    ladder and the memory ladder's chart of what fits."""
+    found = []
+    for device in ("h100", "cpu"):
+        folder = ROOT / "traces" / "reference" / device
+        if ladder.is_ladder(folder / "ladder"):
+            found.append((f"{device} waterfall", report.waterfall_figure(
+                ladder.ladder_rows(folder / "ladder"), "ladder: samples/s\ndevice")))
+        if ladder.is_memory_ladder(folder / "memory_ladder"):
+            found.append((f"{device} fits", figures.fits_figure("memory_ladder", folder)))
+    return found
+
+
+@pytest.mark.parametrize("demo", DRAWN)
+def test_every_picture_keeps_its_words_inside_it(drawn, demo):
+    """Each walkthrough picture's headlines, labels and notes end inside the figure (a long
+    headline breaks after a clause: the ladder's last rung ran 0.2 in past the right edge)."""
+    fig = figures.figure(drawn[demo])
+    try:
+        assert max(reach_past_edges_in(fig)) <= FIGURE_EDGE_TOLERANCE_IN
+    finally:
+        plt.close(fig)
+
+
+def test_every_chart_keeps_its_words_inside_it():
+    """The waterfall widens its axis until every rung's words end inside it (the H100 ladder's
+    ran 0.3 in past the right edge with the fixed room it had), and the chart of what fits."""
+    found = charts()
+    assert found, "no committed ladder to draw"
+    for name, fig in found:
+        try:
+            assert max(reach_past_edges_in(fig)) <= FIGURE_EDGE_TOLERANCE_IN, name
+        finally:
+            plt.close(fig)
+
+
+def test_a_long_headline_breaks_after_a_clause():
+    """Lines of at most HEADLINE_WIDTH characters, broken after a "; " where there is one, and
+    nothing lost: the same words in the same order."""
+    width = figures.HEADLINE_WIDTH
+    headline = ("rung5 (batch 256, 14 workers): " + "x" * (width - 60) + " samples/s; "
+                "DataLoader 0.0 % of the steps; " + "word " * 40).strip()
+    lines = figures.headline_lines(headline).split("\n")
+    assert all(len(line) <= width for line in lines)
+    assert lines[0].endswith("samples/s;") and lines[1].startswith("DataLoader 0.0 %")
+    assert " ".join(lines).split() == headline.split()
+    assert figures.headline_lines("short; headline") == "short; headline"
 
 
 def test_committed_figures_exist_for_every_demo_in_the_reference():
