@@ -184,8 +184,8 @@ def rule_dataloader(m: dict) -> dict | None:
         fix = ("the worker processes do not keep up with the step: more workers where cores are "
                "free, less work per sample in them (uint8 images, 4x fewer bytes to pass and "
                "copy than float32; images decoded at the size the model reads), or the decoding "
-               "moved to the GPU (JPEGs: nvJPEG, torchvision.io.decode_jpeg(..., "
-               "device=\"cuda\"))")
+               "moved to the GPU (JPEGs: nvJPEG, torchcodec.decoders.decode_jpeg(..., "
+               "device=\"cuda\"); torchvision.io's is deprecated since torchvision 0.29)")
     else:
         fix = ("prepare batches in worker processes (DataLoader num_workers > 0, "
                "persistent_workers, prefetch_factor)")
