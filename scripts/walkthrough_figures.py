@@ -1067,7 +1067,8 @@ def draw_panel(ax, data: FigureData, panel: Panel) -> None:
     ax.set_ylim(len(keys) - 0.4, -0.6)  # first row on top
     ax.set_xlim(low, high)
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(headline_lines(panel.headline), fontsize=9, loc="left", pad=16 if panel.note else 6)
+    ax.set_title(headline_lines(panel.headline), fontsize=9, loc="left",
+                 pad=16 if panel.note else 6)
     if panel.note:  # under the headline, in grey: a qualification, not a second headline
         ax.text(0, 1.02, panel.note, transform=ax.transAxes, fontsize=8, color=NOTE_COLOR,
                 ha="left", va="bottom")
