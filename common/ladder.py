@@ -21,7 +21,8 @@ FIX_DEMO = {"workers": "dataloader_workers", "batch": "small_batch", "bf16": "mi
             "compile": "launch_overhead", "fused_optimizer": "unfused_optimizer"}
 # Fixes no rule can name on a CPU, and why: the chain skips them there, with the reason.
 CPU_SILENT_FIXES = {
-    "bf16": "BF16's gain is the tensor cores': no rule reads a CPU's matmul precision",
+    "bf16": "BF16's gain on a CPU is AMX's, which a trace does not record: no rule reads a "
+            "CPU's matmul precision",
     "batch": "a small batch shows as an idle GPU between short kernels (small_batch's rule); a "
              "CPU does not idle",
 }
