@@ -83,18 +83,72 @@ class SmokeRuns:
     ran: set[str]  # "<demo>/<variant>" for each script run_demos.sh said it ran
 
 
+@dataclass
+class SmokeStarted:
+    out: Path
+    process: subprocess.Popen
+    stdout: Path
+    stderr: Path
+    deadline: float  # time.monotonic() past which it counts as hung
+
+
+# The smoke run takes minutes of both cores, and most tests need none of it: it starts in the
+# background with the first test, and the tests that read it (or need a machine without it,
+# workers_cpu_out) run last, so the others run beside it instead of after it.
+LATE_FIXTURES = ("demos_smoke", "workers_cpu_out")
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they deselect
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: any(name in item.fixturenames for name in LATE_FIXTURES))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def smoke_started(request, profiler_logdir):
+    """./scripts/run_demos.sh --smoke --device cpu --jobs 2, started (None when no selected test
+    reads it); demos_smoke waits for it. Stopped, whole, if the session ends first."""
+    if not any("demos_smoke" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    out = profiler_logdir / "smoke"
+    stdout, stderr = (profiler_logdir.with_name(f"smoke_{name}.log") for name in ("out", "err"))
+    with open(stdout, "w") as out_file, open(stderr, "w") as err_file:  # files: a pipe can fill
+        process = subprocess.Popen(
+            [str(ROOT / "scripts" / "run_demos.sh"), "--smoke", "--device", "cpu", "--jobs",
+             str(SMOKE_JOBS), "--out", str(out)], cwd=ROOT, stdout=out_file, stderr=err_file,
+            start_new_session=True)  # its own process group: its scripts stop with it
+    started = SmokeStarted(out, process, stdout, stderr,
+                           deadline=time.monotonic() + RUN_DEMOS_TIMEOUT_S)
+    try:
+        yield started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_for_smoke(started: SmokeStarted | None) -> None:
+    """Until the smoke run has ended (a hung one fails the test at its deadline)."""
+    if started is None:
+        return
+    try:
+        started.process.wait(timeout=max(0.0, started.deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the smoke run_demos.sh ran past {RUN_DEMOS_TIMEOUT_S} s: "
+                    f"{started.stdout.read_text()[-3000:]}")
+
+
 @pytest.fixture(scope="session")
-def demos_smoke(profiler_logdir) -> SmokeRuns:
+def demos_smoke(smoke_started) -> SmokeRuns:
     """./scripts/run_demos.sh --smoke --device cpu --jobs 2: every demo there is, as a user runs
     it."""
-    out = profiler_logdir / "smoke"
-    result = subprocess.run([str(ROOT / "scripts" / "run_demos.sh"), "--smoke", "--device", "cpu",
-                             "--jobs", str(SMOKE_JOBS), "--out", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=RUN_DEMOS_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    wait_for_smoke(smoke_started)
+    stdout = smoke_started.stdout.read_text()
+    assert smoke_started.process.returncode == 0, (
+        stdout[-3000:] + smoke_started.stderr.read_text()[-3000:])
     # Its progress lines read "=== [3/12] <demo>/<variant> (41 s elapsed)".
-    ran = {line.split()[2] for line in result.stdout.splitlines() if line.startswith("=== [")}
-    return SmokeRuns(out=out, ran=ran)
+    ran = {line.split()[2] for line in stdout.splitlines() if line.startswith("=== [")}
+    return SmokeRuns(out=smoke_started.out, ran=ran)
 
 
 @pytest.fixture(scope="session")
@@ -112,8 +166,10 @@ def workers_smoke_out(demos_smoke) -> Path:
 
 
 @pytest.fixture(scope="session")
-def workers_cpu_out(profiler_logdir) -> Path:
-    """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS)."""
+def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
+    """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS), once
+    the smoke run has ended: its two scripts do not share the cores with the pair's workers."""
+    wait_for_smoke(smoke_started)
     out = profiler_logdir / "cpu_preset"
     for variant in ("bad", "fixed"):
         result = run_demo("dataloader_workers", variant, *WORKERS_CPU_PRESET_ARGS,
