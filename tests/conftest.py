@@ -103,13 +103,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: any(name in item.fixturenames for name in LATE_FIXTURES))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def smoke_started(request, profiler_logdir):
-    """./scripts/run_demos.sh --smoke --device cpu --jobs 2, started (None when no selected test
-    reads it); demos_smoke waits for it. Stopped, whole, if the session ends first."""
-    if not any("demos_smoke" in item.fixturenames for item in request.session.items):
-        yield None
-        return
+def start_smoke(profiler_logdir: Path) -> SmokeStarted:
     out = profiler_logdir / "smoke"
     stdout, stderr = (profiler_logdir.with_name(f"smoke_{name}.log") for name in ("out", "err"))
     with open(stdout, "w") as out_file, open(stderr, "w") as err_file:  # files: a pipe can fill
@@ -117,38 +111,55 @@ def smoke_started(request, profiler_logdir):
             [str(ROOT / "scripts" / "run_demos.sh"), "--smoke", "--device", "cpu", "--jobs",
              str(SMOKE_JOBS), "--out", str(out)], cwd=ROOT, stdout=out_file, stderr=err_file,
             start_new_session=True)  # its own process group: its scripts stop with it
-    started = SmokeStarted(out, process, stdout, stderr,
-                           deadline=time.monotonic() + RUN_DEMOS_TIMEOUT_S)
+    return SmokeStarted(out, process, stdout, stderr,
+                        deadline=time.monotonic() + RUN_DEMOS_TIMEOUT_S)
+
+
+def stop_smoke(started: SmokeStarted) -> None:
+    if started.process.poll() is None:
+        os.killpg(started.process.pid, signal.SIGKILL)
+        started.process.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def smoke_started(request, profiler_logdir):
+    """./scripts/run_demos.sh --smoke --device cpu --jobs 2, started in the background when a
+    selected test reads it (None otherwise, and under pytest-xdist, whose every worker would start
+    one: demos_smoke starts it there); stopped, whole, if the session ends first."""
+    if (os.environ.get("PYTEST_XDIST_WORKER")
+            or not any("demos_smoke" in item.fixturenames for item in request.session.items)):
+        yield None
+        return
+    started = start_smoke(profiler_logdir)
     try:
         yield started
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_smoke(started)
 
 
 def wait_for_smoke(started: SmokeStarted | None) -> None:
-    """Until the smoke run has ended (a hung one fails the test at its deadline)."""
+    """Until the smoke run has ended; a hung one is stopped and fails the test at its deadline."""
     if started is None:
         return
     try:
         started.process.wait(timeout=max(0.0, started.deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        stop_smoke(started)
         pytest.fail(f"the smoke run_demos.sh ran past {RUN_DEMOS_TIMEOUT_S} s: "
                     f"{started.stdout.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="session")
-def demos_smoke(smoke_started) -> SmokeRuns:
+def demos_smoke(profiler_logdir, smoke_started) -> SmokeRuns:
     """./scripts/run_demos.sh --smoke --device cpu --jobs 2: every demo there is, as a user runs
     it."""
-    wait_for_smoke(smoke_started)
-    stdout = smoke_started.stdout.read_text()
-    assert smoke_started.process.returncode == 0, (
-        stdout[-3000:] + smoke_started.stderr.read_text()[-3000:])
+    started = smoke_started or start_smoke(profiler_logdir)
+    wait_for_smoke(started)
+    stdout = started.stdout.read_text()
+    assert started.process.returncode == 0, stdout[-3000:] + started.stderr.read_text()[-3000:]
     # Its progress lines read "=== [3/12] <demo>/<variant> (41 s elapsed)".
     ran = {line.split()[2] for line in stdout.splitlines() if line.startswith("=== [")}
-    return SmokeRuns(out=smoke_started.out, ran=ran)
+    return SmokeRuns(out=started.out, ran=ran)
 
 
 @pytest.fixture(scope="session")
