@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 JPEG_QUALITY = 90  # a typical camera/ImageNet quality; lower would make decoding cheaper
 SYNTHETIC_DETAIL_PX = 16  # side of the random colour grid that is smoothed into a photo-like image
 SYNTHETIC_NOISE_STD = 12.0  # grain (0..255 scale), so the JPEG is not trivially compressible
+# The colour jitter of torchvision's ImageNet-style recipes (ColorJitter's arguments): brightness,
+# contrast and saturation factors drawn from [1 - x, 1 + x], a hue shift from [-x, x] of a turn.
+JITTER_BRIGHTNESS = JITTER_CONTRAST = JITTER_SATURATION = 0.4
+JITTER_HUE = 0.1
 
 
 def synthetic_photo(rng: np.random.Generator, side_px: int) -> Image.Image:
@@ -38,10 +42,11 @@ class JpegImages(Dataset):
     """Labelled JPEG images, decoded and augmented in __getitem__ (ImageNet-style training
     transforms: random resized crop, flip, colour jitter, then to-tensor and normalise).
     uint8=True stops before the last two: images stay uint8 [3, crop, crop] (1 byte a value,
-    float32 takes 4), and normalize() gives a batch of them the same values later."""
+    float32 takes 4), and normalize() gives a batch of them the same values later.
+    jitter=False leaves the colour jitter out too, for jitter_colors() to do on a whole batch."""
 
     def __init__(self, length: int, source_px: int, crop_px: int, num_classes: int,
-                 distinct_images: int, seed: int, uint8: bool = False):
+                 distinct_images: int, seed: int, uint8: bool = False, jitter: bool = True):
         # Here, not at the top: importing torchvision takes ~1.5 s (its models), which every
         # demo without images would pay at start-up.
         from torchvision import transforms
@@ -52,13 +57,17 @@ class JpegImages(Dataset):
             synthetic_photo(rng, source_px).save(buffer, format="JPEG", quality=JPEG_QUALITY)
             self.jpegs.append(buffer.getvalue())
         self.labels = torch.from_numpy(rng.integers(0, num_classes, size=length))
-        self.crop_px, self.uint8 = crop_px, uint8
+        if not (uint8 or jitter):
+            raise ValueError("jitter=False needs uint8=True: the jitter comes before normalising")
+        self.crop_px, self.uint8, self.jitter = crop_px, uint8, jitter
         to_tensor = ([transforms.PILToTensor()] if uint8 else
                      [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        colors = [transforms.ColorJitter(brightness=JITTER_BRIGHTNESS, contrast=JITTER_CONTRAST,
+                                         saturation=JITTER_SATURATION, hue=JITTER_HUE)]
         self.augment = transforms.Compose([
             transforms.RandomResizedCrop(crop_px),
             transforms.RandomHorizontalFlip(),
-            transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1),
+            *(colors if jitter else []),
             *to_tensor,
         ])
 
@@ -76,12 +85,13 @@ class JpegImages(Dataset):
         return 3 * self.crop_px ** 2 * image_dtype.itemsize + self.labels.dtype.itemsize
 
 
-def augmented_images(run, uint8: bool = False) -> JpegImages:
+def augmented_images(run, uint8: bool = False, jitter: bool = True) -> JpegImages:
     """Exactly enough samples for one run (warm-up, timed and profiled steps), so no epoch
-    restarts in the middle of a measurement. uint8: see JpegImages."""
+    restarts in the middle of a measurement. uint8, jitter: see JpegImages."""
     run.config["batch_dtype"] = "uint8" if uint8 else "float32"
     sizes = {key: value for key, value in run.sizes.items() if key != "resnet_depth"}  # model's
-    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, uint8=uint8, **sizes)
+    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, uint8=uint8,
+                      jitter=jitter, **sizes)
 
 
 def imagenet_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +108,76 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
     return images.float().div_(255).sub_(mean).div_(std)
 
 
+# --- Colour jitter on a batch --------------------------------------------------------------------
+# ColorJitter on a PIL image is most of a worker's time per image (2.3 of 3.7 ms for a 224 px crop
+# on the project's 2-core box, the hue alone 1.7: a round trip through HSV). On a batch on the
+# device it is a few passes over memory. The same adjustments as torchvision's on tensors
+# (transforms.functional.adjust_*), each image with its own four factors and its own order of
+# them, as ColorJitter draws them per image.
+GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601 luma: torchvision's rgb_to_grayscale
+
+
+def blend(images: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """factor * images + (1 - factor) * other, in [0, 1]; factor [batch, 1, 1, 1]."""
+    return (factor * images + (1 - factor) * other).clamp(0, 1)
+
+
+def grayscale(images: torch.Tensor) -> torch.Tensor:
+    """[batch, 3, H, W] -> [batch, 1, H, W] luma."""
+    r, g, b = images.unbind(dim=1)
+    return (GRAY_WEIGHTS[0] * r + GRAY_WEIGHTS[1] * g + GRAY_WEIGHTS[2] * b).unsqueeze(1)
+
+
+def shift_hue(images: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Each image's hue turned by its shift (a share of a turn, [batch, 1, 1, 1]): to HSV as
+    torchvision (and Pillow) convert, and back by the closed form f(n) = v - v s clamp(min(k,
+    4 - k), 0, 1), k = (n + 6 h) mod 6, n = 5, 3, 1 for red, green, blue."""
+    r, g, b = images.unbind(dim=1)
+    value, low = images.amax(dim=1), images.amin(dim=1)
+    chroma = value - low
+    gray = chroma == 0  # no hue: any value of it gives the same colour back
+    saturation = chroma / torch.where(gray, torch.ones_like(value), value)
+    divisor = torch.where(gray, torch.ones_like(chroma), chroma)
+    rc, gc, bc = (value - r) / divisor, (value - g) / divisor, (value - b) / divisor
+    hue = torch.where(value == r, bc - gc,
+                      torch.where(value == g, 2.0 + rc - bc, 4.0 + gc - rc))
+    hue = torch.remainder(hue / 6.0 + shift.view(-1, 1, 1), 1.0)
+    k = torch.remainder(torch.tensor((5.0, 3.0, 1.0), device=images.device).view(1, 3, 1, 1)
+                        + 6.0 * hue.unsqueeze(1), 6.0)
+    ramp = torch.minimum(k, 4.0 - k).clamp(0, 1)
+    return value.unsqueeze(1) * (1 - saturation.unsqueeze(1) * ramp)
+
+
+def apply_jitter(images: torch.Tensor, factors: torch.Tensor, order: torch.Tensor
+                 ) -> torch.Tensor:
+    """images [batch, 3, H, W] in [0, 1]; factors [batch, 4]: brightness, contrast, saturation
+    (multipliers) and hue (a shift); order [batch, 4]: each image's permutation of the four.
+    Every stage computes each adjustment and keeps, per image, the one its order names there."""
+    per_image = factors.view(-1, 4, 1, 1, 1).unbind(dim=1)
+    for stage in range(4):
+        pick = order[:, stage].view(-1, 1, 1, 1)
+        gray = grayscale(images)
+        adjusted = (blend(images, torch.zeros_like(images), per_image[0]),
+                    blend(images, gray.mean(dim=(1, 2, 3), keepdim=True), per_image[1]),
+                    blend(images, gray, per_image[2]),
+                    shift_hue(images, per_image[3]))
+        images = torch.where(pick == 0, adjusted[0], torch.where(
+            pick == 1, adjusted[1], torch.where(pick == 2, adjusted[2], adjusted[3])))
+    return images
+
+
+def jitter_draws(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """ColorJitter's random draws for `batch` images, on the generator's device: the factors
+    (apply_jitter's) and each image's order of the four adjustments."""
+    device = generator.device
+    spread = torch.tensor((JITTER_BRIGHTNESS, JITTER_CONTRAST, JITTER_SATURATION, JITTER_HUE),
+                          device=device)
+    centre = torch.tensor((1.0, 1.0, 1.0, 0.0), device=device)
+    uniform = torch.rand(batch, 4, generator=generator, device=device) * 2 - 1  # in [-1, 1)
+    order = torch.rand(batch, 4, generator=generator, device=device).argsort(dim=1)
+    return centre + spread * uniform, order
+
+
 # --- Getting batches onto the device -------------------------------------------------------------
 # .to(device, non_blocking=True) on a pinned batch frees the CPU, but the copy still waits in the
 # *current* stream behind the kernels already queued there (the previous step), and the next step
@@ -105,17 +185,41 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
 # normalising) of batch N+1 while the compute stream runs step N; timm's PrefetchLoader does this.
 
 
-def side_stream_batches(loader: DataLoader, device: torch.device
+def jittered_normalized(images: torch.Tensor, factors: torch.Tensor, order: torch.Tensor,
+                        mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 images [batch, 3, H, W] -> what the workers' ColorJitter, ToTensor and Normalize
+    give: / 255, apply_jitter, - mean, / std."""
+    return (apply_jitter(images.float() / 255, factors, order) - mean) / std
+
+
+def jitter_on_device(device: torch.device, seed: int
+                     ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """jittered_normalized(images, <draws>, mean, std) as a function of (images, mean, std), its
+    draws from a generator on `device` seeded with `seed`. Compiled: eager, each stage's four
+    adjustments are ~60 kernels over the batch (86 ms for 64 images of 64 px on one CPU core,
+    21 ms compiled)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    compiled = torch.compile(jittered_normalized)
+
+    def jitter(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        return compiled(images, *jitter_draws(images.shape[0], generator), mean, std)
+    return jitter
+
+
+def side_stream_batches(loader: DataLoader, device: torch.device, jitter_seed: int | None = None
                         ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) of `loader` on the CUDA `device`, images normalised: each batch is copied
-    and normalised on a side stream while the compute stream runs the step on the one before."""
+    """(images, labels) of `loader` on the CUDA `device`, images normalised (and jittered, with
+    a seed: jitter_on_device): each batch is copied and prepared on a side stream while the
+    compute stream runs the step on the one before."""
     side = torch.cuda.Stream(device=device)
-    with torch.cuda.stream(side):
-        mean, std = imagenet_stats(device)  # made, and only ever read, on the side stream
+    with torch.cuda.stream(side):  # made, and only ever read, on the side stream
+        mean, std = imagenet_stats(device)
+        jitter = None if jitter_seed is None else jitter_on_device(device, jitter_seed)
     ready = None
     for images, labels in loader:
         with torch.cuda.stream(side):  # queued on the side stream: runs beside the step's kernels
-            images = normalize(images.to(device, non_blocking=True), mean, std)
+            images = images.to(device, non_blocking=True)
+            images = normalize(images, mean, std) if jitter is None else jitter(images, mean, std)
             labels = labels.to(device, non_blocking=True)
         if ready is not None:
             yield ready  # the caller queues its step on this one, beside the copy just queued
@@ -133,11 +237,13 @@ def side_stream_batches(loader: DataLoader, device: torch.device
 @dataclass
 class DevicePrefetcher:
     """Batches of a DataLoader of uint8 images (JpegImages(uint8=True)), delivered on `device` and
-    normalised. On a GPU the copy and the normalising of the next batch run on a side stream
-    during the current step (side_stream_batches); on a CPU there is nothing to overlap, so each
-    batch is only normalised, in the training process. Iterating it is one pass over the loader."""
+    normalised; with a jitter_seed, colour-jittered first (JpegImages(jitter=False) left it out).
+    On a GPU the copy and the preparing of the next batch run on a side stream during the
+    current step (side_stream_batches); on a CPU there is nothing to overlap, so each batch is
+    only prepared, in the training process. Iterating it is one pass over the loader."""
     loader: DataLoader
     device: torch.device
+    jitter_seed: int | None = None
 
     # What harness.describe_loader() records: the wrapped DataLoader's own settings.
     num_workers = property(lambda self: self.loader.num_workers)
@@ -150,17 +256,30 @@ class DevicePrefetcher:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.device.type == "cuda":
-            return side_stream_batches(self.loader, self.device)
+            return side_stream_batches(self.loader, self.device, self.jitter_seed)
         mean, std = imagenet_stats(self.device)
-        return ((normalize(images.to(self.device), mean, std), labels.to(self.device))
+        if self.jitter_seed is None:
+            return ((normalize(images.to(self.device), mean, std), labels.to(self.device))
+                    for images, labels in self.loader)
+        jitter = jitter_on_device(self.device, self.jitter_seed)
+        return ((jitter(images.to(self.device), mean, std), labels.to(self.device))
                 for images, labels in self.loader)
 
 
-def prefetch_to_device(loader: DataLoader, run) -> DevicePrefetcher:
-    """`loader`'s uint8 batches on run.device, normalised; see DevicePrefetcher."""
-    run.config["to_device"] = ("side CUDA stream, one batch ahead, normalised there" if run.is_cuda
-                               else "normalised in the training process (a CPU: no copy)")
-    return DevicePrefetcher(loader, run.device)
+def prefetch_to_device(loader: DataLoader, run, jitter: bool = False) -> DevicePrefetcher:
+    """`loader`'s uint8 batches on run.device, normalised; jitter=True: colour-jittered there
+    first, a whole batch at once (for JpegImages(jitter=False)); see DevicePrefetcher."""
+    prepared = "jittered and normalised" if jitter else "normalised"
+    run.config["to_device"] = (f"side CUDA stream, one batch ahead, {prepared} there"
+                               if run.is_cuda else
+                               f"{prepared} in the training process (a CPU: no copy)")
+    if getattr(loader.dataset, "jitter", not jitter) == jitter:
+        raise ValueError("jitter=True wants a dataset that leaves the jitter out (JpegImages("
+                         "jitter=False)), and jitter=False one that does it: once, either way")
+    if jitter:
+        harness.require_compile_toolchain(run)  # the jitter is compiled: see jitter_on_device
+        run.config["color_jitter"] = "on the device, a whole batch at once"
+    return DevicePrefetcher(loader, run.device, run.seed if jitter else None)
 
 
 # --- Shared memory for prefetched batches --------------------------------------------------------

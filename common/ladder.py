@@ -18,13 +18,17 @@ from common import analyze, trace
 RUNG_FOLDER = re.compile(r"^rung(\d+)_(\w+)$")
 # The pair that teaches each rung's fix, which a verdict names (its "demo") when it names the fix.
 FIX_DEMO = {"workers": "dataloader_workers", "batch": "small_batch", "bf16": "mixed_precision",
-            "compile": "launch_overhead", "fused_optimizer": "unfused_optimizer"}
-# Fixes no rule can name on a CPU, and why: the chain skips them there, with the reason.
+            "compile": "launch_overhead", "jitter_on_device": "dataloader_workers",
+            "fused_optimizer": "unfused_optimizer"}
+# Fixes no rule can name on a CPU, or whose gain cannot show there, and why: the chain skips them
+# there, with the reason.
 CPU_SILENT_FIXES = {
     "bf16": "BF16's gain on a CPU is AMX's, which a trace does not record: no rule reads a "
             "CPU's matmul precision",
     "batch": "a small batch shows as an idle GPU between short kernels (small_batch's rule); a "
              "CPU does not idle",
+    "jitter_on_device": "a CPU has no device to move the colour jitter to: the workers keep "
+                        "it (and keep up), only the batches turn uint8",
 }
 # A finding that is no bottleneck to fix: start-up in the window (record later steps instead).
 NOT_ACTIONABLE = ("initialization",)

@@ -183,9 +183,11 @@ def rule_dataloader(m: dict) -> dict | None:
     if workers:  # the workers are there and still too slow: each batch must cost them less
         fix = ("the worker processes do not keep up with the step: more workers where cores are "
                "free, less work per sample in them (uint8 images, 4x fewer bytes to pass and "
-               "copy than float32; images decoded at the size the model reads), or the decoding "
-               "moved to the GPU (JPEGs: nvJPEG, torchcodec.decoders.decode_jpeg(..., "
-               "device=\"cuda\"); torchvision.io's is deprecated since torchvision 0.29)")
+               "copy than float32; images decoded at the size the model reads), or their "
+               "heaviest work moved to the GPU, a whole batch at once (colour jitter and other "
+               "augmentations, see demos/ladder/; JPEG decoding: nvJPEG, "
+               "torchcodec.decoders.decode_jpeg(..., device=\"cuda\"); torchvision.io's is "
+               "deprecated since torchvision 0.29)")
     else:
         fix = ("prepare batches in worker processes (DataLoader num_workers > 0, "
                "persistent_workers, prefetch_factor)")

@@ -17,8 +17,8 @@ SMOKE = presets.PRESETS["dataloader_workers"]["smoke"].sizes
 GPU_PRESET = presets.PRESETS["dataloader_workers"]["cuda"]
 
 
-def images(uint8: bool, length: int = 4, **sizes) -> data.JpegImages:
-    return data.JpegImages(length=length, seed=0, uint8=uint8, **{**SMOKE, **sizes})
+def images(uint8: bool, length: int = 4, jitter: bool = True, **sizes) -> data.JpegImages:
+    return data.JpegImages(length=length, seed=0, uint8=uint8, jitter=jitter, **{**SMOKE, **sizes})
 
 
 def test_uint8_images_normalised_later_equal_the_float32_pipeline():
@@ -109,6 +109,97 @@ def test_side_stream_queues_the_next_copy_before_the_step_and_guards_the_memory(
                    "queue on side", "step 0", *guard,  # batch 1 is copied while step 0 runs
                    "queue on side", "step 1", *guard,  # batch 2 is copied while step 1 runs
                    "step 2"]
+
+
+# --- The colour jitter on a batch ----------------------------------------------------------------
+
+JITTER_TOLERANCE = 1e-5  # float32 values in [0, 1]: the same arithmetic, grouped otherwise
+
+
+def test_jitter_on_a_batch_is_torchvisions_on_each_image():
+    """apply_jitter gives each image what torchvision's own tensor adjustments give it, with its
+    own four factors in its own order: a gray image (no hue), pixels at 0 and 1 (the clamps), and
+    ties between channels (where two of the hue's formulas meet)."""
+    from torchvision.transforms import functional as F
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.rand(24, 3, 10, 12, generator=generator)
+    batch[0] = 0.5  # gray: no hue to turn
+    batch[1, :, :3] = 1.0
+    batch[2, :, :3] = 0.0
+    batch[3, 1] = batch[3, 0]  # red and green tie
+    batch[4, 2] = batch[4, 1]  # green and blue tie
+    factors, order = data.jitter_draws(len(batch), generator)
+    jittered = data.apply_jitter(batch, factors, order)
+    adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    assert len({tuple(row) for row in order.tolist()}) > 1  # orders differ between images
+    for image, want_factors, want_order, got in zip(batch, factors, order, jittered):
+        for k in want_order.tolist():
+            image = adjust[k](image, float(want_factors[k]))
+        assert torch.allclose(got, image, rtol=0, atol=JITTER_TOLERANCE)
+
+
+def test_the_jitter_compiles_whole_to_the_eager_values():
+    """jitter_on_device compiles jittered_normalized (on a GPU eager would run ~60 kernels a
+    stage): it compiles as one graph, no break, and gives the eager values (a CPU build here;
+    Inductor's GPU code is checked by the cuda marker's ladder run)."""
+    generator = torch.Generator().manual_seed(2)
+    batch = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8, generator=generator)
+    draws = data.jitter_draws(len(batch), generator)
+    mean, std = data.imagenet_stats(CPU)
+    compiled = torch.compile(data.jittered_normalized, fullgraph=True)
+    assert torch.allclose(compiled(batch, *draws, mean, std),
+                          data.jittered_normalized(batch, *draws, mean, std),
+                          rtol=0, atol=JITTER_TOLERANCE / min(data.IMAGENET_STD))
+
+
+def test_jitter_draws_are_colorjitters_ranges_and_orders():
+    generator = torch.Generator().manual_seed(1)
+    factors, order = data.jitter_draws(1000, generator)
+    spread = torch.tensor((data.JITTER_BRIGHTNESS, data.JITTER_CONTRAST, data.JITTER_SATURATION,
+                           data.JITTER_HUE))
+    centre = torch.tensor((1.0, 1.0, 1.0, 0.0))
+    assert ((factors - centre).abs() <= spread).all()
+    # Uniform over the range: with 1,000 draws each quarter of it is hit (a miss: p < 1e-120).
+    quarter = ((factors - centre) / spread * 2 + 2).floor().clamp(0, 3)
+    assert all(len(quarter[:, k].unique()) == 4 for k in range(4))
+    assert torch.equal(order.sort(dim=1).values, torch.arange(4).expand(1000, 4))
+    again = data.jitter_draws(1000, torch.Generator().manual_seed(1))
+    assert torch.equal(again[0], factors) and torch.equal(again[1], order)
+
+
+def test_workers_leave_the_jitter_out_only_for_uint8_images():
+    without = images(uint8=True, jitter=False)
+    assert "ColorJitter" not in repr(without.augment) and "ColorJitter" in repr(images(True).augment)
+    with pytest.raises(ValueError, match="uint8"):
+        images(uint8=False, jitter=False)
+
+
+def test_the_prefetcher_jitters_once_and_gives_the_jittered_batch(tmp_path, monkeypatch):
+    """prefetch_to_device(jitter=True) wants images the workers left unjittered (and jitter=False
+    images they jittered): either mismatch is refused rather than jittering twice or never. On a
+    CPU the batch it gives is jittered_normalized with the draws of a generator seeded with the
+    run's seed (torch.compile stood in for by the function itself: the smoke ladder runs it)."""
+    monkeypatch.setattr(torch, "compile", lambda function: function)
+    run = smoke_run(tmp_path)
+    with pytest.raises(ValueError, match="once"):
+        data.prefetch_to_device(DataLoader(images(uint8=True), batch_size=2), run, jitter=True)
+    unjittered = DataLoader(images(uint8=True, jitter=False), batch_size=2)
+    with pytest.raises(ValueError, match="once"):
+        data.prefetch_to_device(unjittered, run)
+    prefetcher = data.prefetch_to_device(unjittered, run, jitter=True)
+    assert "jittered" in run.config["to_device"] and run.config["color_jitter"]
+    mean, std = data.imagenet_stats(CPU)
+    generator = torch.Generator().manual_seed(run.seed)
+    torch.manual_seed(0)
+    expected = [(x, data.jittered_normalized(x, *data.jitter_draws(len(x), generator), mean, std),
+                 y) for x, y in unjittered]
+    torch.manual_seed(0)
+    for (images_, labels), (raw, want_images, want_labels) in zip(prefetcher, expected,
+                                                                  strict=True):
+        assert torch.equal(images_, want_images) and torch.equal(labels, want_labels)
+        # jittered indeed: far from the same batch only normalised (a jitter moves values by
+        # tenths; normalised, by about half a unit)
+        assert (images_ - data.normalize(raw, mean, std)).abs().max() > 0.1
 
 
 # --- Cores under a container's CPU quota ---------------------------------------------------------

@@ -19,6 +19,10 @@ LADDER = ROOT / "demos" / "ladder"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu" / "ladder"
 H100_REFERENCE = ROOT / "traces" / "reference" / "h100" / "ladder"
 LADDER_GPU_MIN_GAIN = 10.0  # x samples/s from rung 0 to the last on a GPU: the ladder's target
+# On a CPU the jitter rung changes the batches to uint8 only: its samples/s stay within this of
+# rung 4's (a run's noise on the 2-core box: rung 4 measured 142.2 to 142.8 in three runs, rung 1
+# 61.8 to 70.8 beside other work).
+CPU_SAME_SPEED = 0.05
 # A fix is a few lines: rung 1's DataLoader arguments (3 and a comment) is the longest.
 FIX_MAX_CHANGED_LINES = 5
 
@@ -122,7 +126,7 @@ def test_compare_prints_the_waterfall_of_a_ladder_folder(demos_smoke, capsys):
     assert {f"ladder/{rung}" for rung in run_demos.rungs_of("ladder")} <= demos_smoke.ran
     assert compare.main([str(demos_smoke.out / "ladder")]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("ladder: 6 rungs on cpu")
+    assert text.startswith(f"ladder: {len(run_demos.rungs_of('ladder'))} rungs on cpu")
     for rung in run_demos.rungs_of("ladder"):
         assert rung in text
     assert compare.main(["--json", str(demos_smoke.out / "ladder")]) == 0
@@ -137,35 +141,37 @@ def test_compare_prints_the_waterfall_of_a_ladder_folder(demos_smoke, capsys):
 @pytest.mark.skipif(not CPU_REFERENCE.is_dir(), reason="no committed CPU run of the ladder")
 def test_the_chain_on_the_committed_cpu_run():
     """rung 0 waits on its DataLoader and the analyzer says so first, which the workers fix; the
-    batch and BF16 are skipped on a CPU, with the reason. Rungs 3 and 4 are pinned as measured:
-    no rule speaks on a compiled or eager step of convolutions, and at batch 64 AdamW's loop holds
-    under the rule's share of the window, so neither compile nor the fused optimizer is named (the
-    walkthrough says so). The last rung has no actionable verdict left."""
+    batch, BF16 and the jitter on the device are skipped on a CPU, with the reason. Rungs 3 and 5
+    are pinned as measured: no rule speaks on a compiled or eager step of convolutions, and at
+    batch 64 AdamW's loop holds under the rule's share of the window, so neither compile nor the
+    fused optimizer is named (the walkthrough says so). The last rung has no actionable verdict
+    left. Every rung is faster than the one before but rung 5, whose change on a CPU is uint8
+    batches alone (within CPU_SAME_SPEED of rung 4)."""
     rows = ladder.ladder_rows(CPU_REFERENCE)
     assert [row["fix"] for row in rows[1:]] == list(ladder.FIX_DEMO)
     assert rows[0]["top"] == {"id": "dataloader", "demo": "dataloader_workers"}
     assert [row["chain"]["status"] for row in rows[:-1]] == ["holds", "skipped", "skipped",
-                                                              "breaks", "breaks"]
-    assert [rows[k]["chain"]["next_fix"] for k in (1, 2)] == ["batch", "bf16"]
-    assert [rows[k]["chain"]["named"] for k in (3, 4)] == [None, None]
+                                                              "breaks", "skipped", "breaks"]
+    assert [rows[k]["chain"]["next_fix"] for k in (1, 2, 4)] == ["batch", "bf16",
+                                                                 "jitter_on_device"]
+    assert [rows[k]["chain"]["named"] for k in (3, 5)] == [None, None]
     assert rows[-1]["top"] is None
-    assert all(row["vs_previous"] > 1 for row in rows[1:])  # every rung faster than the last
+    assert all(row["vs_previous"] > 1 for row in rows[1:] if row["fix"] != "jitter_on_device")
+    assert rows[5]["vs_previous"] == pytest.approx(1.0, abs=CPU_SAME_SPEED)
 
 
 @pytest.mark.skipif(not H100_REFERENCE.is_dir(), reason="no committed H100 run of the ladder")
 def test_the_chain_on_the_committed_h100_run():
-    """On the H100 the analyzer names each fix but the last: rung 0 waits on its DataLoader;
-    rung 1 idles between short kernels at 16 images (small_batch); at batch 256 batch norm and
-    element-wise kernels fill the window, on FP32 data first (BF16), then in BF16 (compile).
-    Rung 4 is pinned as measured: compiled, the step waits on its DataLoader again, which the
-    analyzer names before AdamW's loop, and the fused optimizer after it gains little (the
-    walkthrough says so). The target: at least 10x more samples/s from rung 0 to the last."""
+    """On the H100 the analyzer names every fix: rung 0 waits on its DataLoader; rung 1 idles
+    between short kernels at 16 images (small_batch); at batch 256 batch norm and element-wise
+    kernels fill the window, on FP32 data first (BF16), then in BF16 (compile); compiled, the step
+    waits on its DataLoader again, whose workers do not keep up (the jitter moves to the GPU); fed,
+    AdamW's loop (the fused optimizer). The target: at least 10x more samples/s from rung 0 to
+    the last."""
     rows = ladder.ladder_rows(H100_REFERENCE)
     assert {row["device"] for row in rows} == {"cuda"}
     assert [row["fix"] for row in rows[1:]] == list(ladder.FIX_DEMO)
-    assert [row["chain"]["status"] for row in rows[:4]] == ["holds"] * 4
-    assert rows[4]["chain"]["named"] == "dataloader_workers"
-    assert rows[4]["verdicts"] == ["dataloader", "unfused_optimizer"]
+    assert [row["chain"]["status"] for row in rows[:-1]] == ["holds"] * (len(rows) - 1)
     assert rows[-1]["top"] is None
     assert rows[-1]["vs_first"] >= LADDER_GPU_MIN_GAIN
     # Rung 4's loader has its workers already: the fix it names is cheaper batches for them.
