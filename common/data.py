@@ -43,7 +43,7 @@ class JpegImages(Dataset):
     transforms: random resized crop, flip, colour jitter, then to-tensor and normalise).
     uint8=True stops before the last two: images stay uint8 [3, crop, crop] (1 byte a value,
     float32 takes 4), and normalize() gives a batch of them the same values later.
-    jitter=False leaves the colour jitter out too, for jitter_colors() to do on a whole batch."""
+    jitter=False leaves the colour jitter out too, for apply_jitter() to do on a whole batch."""
 
     def __init__(self, length: int, source_px: int, crop_px: int, num_classes: int,
                  distinct_images: int, seed: int, uint8: bool = False, jitter: bool = True):
@@ -114,18 +114,9 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
 # device it is a few passes over memory. The same adjustments as torchvision's on tensors
 # (transforms.functional.adjust_*), each image with its own four factors and its own order of
 # them, as ColorJitter draws them per image.
-GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601 luma: torchvision's rgb_to_grayscale
-
-
 def blend(images: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """factor * images + (1 - factor) * other, in [0, 1]; factor [batch, 1, 1, 1]."""
     return (factor * images + (1 - factor) * other).clamp(0, 1)
-
-
-def grayscale(images: torch.Tensor) -> torch.Tensor:
-    """[batch, 3, H, W] -> [batch, 1, H, W] luma."""
-    r, g, b = images.unbind(dim=1)
-    return (GRAY_WEIGHTS[0] * r + GRAY_WEIGHTS[1] * g + GRAY_WEIGHTS[2] * b).unsqueeze(1)
 
 
 def shift_hue(images: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -153,10 +144,11 @@ def apply_jitter(images: torch.Tensor, factors: torch.Tensor, order: torch.Tenso
     """images [batch, 3, H, W] in [0, 1]; factors [batch, 4]: brightness, contrast, saturation
     (multipliers) and hue (a shift); order [batch, 4]: each image's permutation of the four.
     Every stage computes each adjustment and keeps, per image, the one its order names there."""
+    from torchvision.transforms.v2.functional import rgb_to_grayscale  # see JpegImages
     per_image = factors.view(-1, 4, 1, 1, 1).unbind(dim=1)
     for stage in range(4):
         pick = order[:, stage].view(-1, 1, 1, 1)
-        gray = grayscale(images)
+        gray = rgb_to_grayscale(images)  # [batch, 1, H, W]
         adjusted = (blend(images, torch.zeros_like(images), per_image[0]),
                     blend(images, gray.mean(dim=(1, 2, 3), keepdim=True), per_image[1]),
                     blend(images, gray, per_image[2]),
@@ -214,12 +206,11 @@ def side_stream_batches(loader: DataLoader, device: torch.device, jitter_seed: i
     side = torch.cuda.Stream(device=device)
     with torch.cuda.stream(side):  # made, and only ever read, on the side stream
         mean, std = imagenet_stats(device)
-        jitter = None if jitter_seed is None else jitter_on_device(device, jitter_seed)
+        prepare = normalize if jitter_seed is None else jitter_on_device(device, jitter_seed)
     ready = None
     for images, labels in loader:
         with torch.cuda.stream(side):  # queued on the side stream: runs beside the step's kernels
-            images = images.to(device, non_blocking=True)
-            images = normalize(images, mean, std) if jitter is None else jitter(images, mean, std)
+            images = prepare(images.to(device, non_blocking=True), mean, std)
             labels = labels.to(device, non_blocking=True)
         if ready is not None:
             yield ready  # the caller queues its step on this one, beside the copy just queued
@@ -258,24 +249,22 @@ class DevicePrefetcher:
         if self.device.type == "cuda":
             return side_stream_batches(self.loader, self.device, self.jitter_seed)
         mean, std = imagenet_stats(self.device)
-        if self.jitter_seed is None:
-            return ((normalize(images.to(self.device), mean, std), labels.to(self.device))
-                    for images, labels in self.loader)
-        jitter = jitter_on_device(self.device, self.jitter_seed)
-        return ((jitter(images.to(self.device), mean, std), labels.to(self.device))
+        prepare = (normalize if self.jitter_seed is None
+                   else jitter_on_device(self.device, self.jitter_seed))
+        return ((prepare(images.to(self.device), mean, std), labels.to(self.device))
                 for images, labels in self.loader)
 
 
 def prefetch_to_device(loader: DataLoader, run, jitter: bool = False) -> DevicePrefetcher:
     """`loader`'s uint8 batches on run.device, normalised; jitter=True: colour-jittered there
     first, a whole batch at once (for JpegImages(jitter=False)); see DevicePrefetcher."""
+    if getattr(loader.dataset, "jitter", not jitter) == jitter:
+        raise ValueError("jitter=True wants a dataset that leaves the jitter out (JpegImages("
+                         "jitter=False)), and jitter=False one that does it: once, either way")
     prepared = "jittered and normalised" if jitter else "normalised"
     run.config["to_device"] = (f"side CUDA stream, one batch ahead, {prepared} there"
                                if run.is_cuda else
                                f"{prepared} in the training process (a CPU: no copy)")
-    if getattr(loader.dataset, "jitter", not jitter) == jitter:
-        raise ValueError("jitter=True wants a dataset that leaves the jitter out (JpegImages("
-                         "jitter=False)), and jitter=False one that does it: once, either way")
     if jitter:
         harness.require_compile_toolchain(run)  # the jitter is compiled: see jitter_on_device
         run.config["color_jitter"] = "on the device, a whole batch at once"
