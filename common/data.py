@@ -162,12 +162,13 @@ def jitter_draws(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, 
     """ColorJitter's random draws for `batch` images, on the generator's device: the factors
     (apply_jitter's) and each image's order of the four adjustments."""
     device = generator.device
-    spread = torch.tensor((JITTER_BRIGHTNESS, JITTER_CONTRAST, JITTER_SATURATION, JITTER_HUE),
-                          device=device)
-    centre = torch.tensor((1.0, 1.0, 1.0, 0.0), device=device)
     uniform = torch.rand(batch, 4, generator=generator, device=device) * 2 - 1  # in [-1, 1)
     order = torch.rand(batch, 4, generator=generator, device=device).argsort(dim=1)
-    return centre + spread * uniform, order
+    # Numbers, not a tensor of them: on a GPU, torch.tensor(numbers) is a copy the host waits for
+    factors = [centre + spread * uniform[:, k] for k, (centre, spread) in enumerate(
+        ((1.0, JITTER_BRIGHTNESS), (1.0, JITTER_CONTRAST), (1.0, JITTER_SATURATION),
+         (0.0, JITTER_HUE)))]
+    return torch.stack(factors, dim=1), order
 
 
 # --- Getting batches onto the device -------------------------------------------------------------

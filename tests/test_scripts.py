@@ -357,7 +357,8 @@ def test_tensorboard_compat_without_orjson_writes_the_same_trace(tmp_path):
 
 def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
     """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair,
-    each ladder, and the memory budget's cap (a harness flag, on one pair)."""
+    each ladder, the memory budget's cap (a harness flag, on one pair) and the ladder's jitter
+    in Inductor's GPU code."""
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
                              "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
                             timeout=SCRIPT_TIMEOUT_S)
@@ -371,4 +372,6 @@ def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
     for name in set(demos) - set(pairs):  # a ladder: one test runs every rung
         expected.add(f"tests/test_cuda.py::test_{name}_runs_every_rung_on_the_gpu")
     expected.add("tests/test_cuda.py::test_memory_budget_caps_the_allocator")
+    expected.add("tests/test_cuda.py::"
+                 "test_the_colour_jitter_compiles_to_the_eager_values_on_the_gpu")
     assert pairs and collected == expected
