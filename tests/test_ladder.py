@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from common import analyze, compare, ladder, profiling, trace
+from common import analyze, compare, ladder, profiling, trace, verdicts
 from tests.conftest import ROOT
 from tests.test_scripts import load_run_demos
 
@@ -162,19 +162,23 @@ def test_the_chain_on_the_committed_cpu_run():
 
 @pytest.mark.skipif(not H100_REFERENCE.is_dir(), reason="no committed H100 run of the ladder")
 def test_the_chain_on_the_committed_h100_run():
-    """On the H100 the analyzer names every fix: rung 0 waits on its DataLoader; rung 1 idles
-    between short kernels at 16 images (small_batch); at batch 256 batch norm and element-wise
-    kernels fill the window, on FP32 data first (BF16), then in BF16 (compile); compiled, the step
-    waits on its DataLoader again, whose workers do not keep up (the jitter moves to the GPU); fed,
-    AdamW's loop (the fused optimizer). The target: at least 10x more samples/s from rung 0 to
-    the last."""
+    """On the H100 the analyzer names five fixes of six: rung 0 waits on its DataLoader; rung 1
+    idles between short kernels at 16 images (small_batch); at batch 256 batch norm and
+    element-wise kernels fill the window, on FP32 data first (BF16), then in BF16 (compile); with
+    the jitter on the GPU, AdamW's loop (the fused optimizer). Rung 4 breaks the chain: its timed
+    steps waited for data, but under the rule's share, and its profiled steps, slower under the
+    profiler, did not wait at all, so the trace names AdamW's loop; the jitter's rung still
+    gained more than the fused optimizer's. The target: at least 10x more samples/s from rung 0
+    to the last."""
     rows = ladder.ladder_rows(H100_REFERENCE)
     assert {row["device"] for row in rows} == {"cuda"}
     assert [row["fix"] for row in rows[1:]] == list(ladder.FIX_DEMO)
-    assert [row["chain"]["status"] for row in rows[:-1]] == ["holds"] * (len(rows) - 1)
+    assert [row["chain"]["status"] for row in rows[:-1]] == ["holds"] * 4 + ["breaks", "holds"]
     assert rows[-1]["top"] is None
     assert rows[-1]["vs_first"] >= LADDER_GPU_MIN_GAIN
-    # Rung 4's loader has its workers already: the fix it names is cheaper batches for them.
-    loader = next(f for f in analyze.analyze_trace(H100_REFERENCE / "rung4_compile")["findings"]
-                  if f["id"] == "dataloader")
-    assert loader["fix"].startswith("the worker processes do not keep up")
+    rung4 = H100_REFERENCE / "rung4_compile"
+    assert rows[4]["chain"]["named"] == "unfused_optimizer"
+    timed_wait_pct = json.loads((rung4 / trace.SUMMARY_FILE).read_text())["data_wait_pct"]
+    traced_wait_pct = analyze.analyze_trace(rung4)["dataloader_pct"]
+    assert traced_wait_pct < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
+    assert rows[5]["vs_previous"] > rows[6]["vs_previous"] > 1
