@@ -166,10 +166,10 @@ def test_the_chain_on_the_committed_h100_run():
     idles between short kernels at 16 images (small_batch); at batch 256 batch norm and
     element-wise kernels fill the window, on FP32 data first (BF16), then in BF16 (compile); with
     the jitter on the GPU, AdamW's loop (the fused optimizer). Rung 4 breaks the chain: its timed
-    steps waited for data, but under the rule's share, and its profiled steps, slower under the
-    profiler, did not wait at all, so the trace names AdamW's loop; the jitter's rung still
-    gained more than the fused optimizer's. The target: at least 10x more samples/s from rung 0
-    to the last."""
+    steps waited for data, but under the rule's share, and in its profiled steps the GPU ran
+    slower (busy longer a step than a whole timed step took) and the workers kept up, so the
+    trace names AdamW's loop; the jitter's rung still gained more than the fused optimizer's.
+    The target: at least 10x more samples/s from rung 0 to the last."""
     rows = ladder.ladder_rows(H100_REFERENCE)
     assert {row["device"] for row in rows} == {"cuda"}
     assert [row["fix"] for row in rows[1:]] == list(ladder.FIX_DEMO)
@@ -178,7 +178,11 @@ def test_the_chain_on_the_committed_h100_run():
     assert rows[-1]["vs_first"] >= LADDER_GPU_MIN_GAIN
     rung4 = H100_REFERENCE / "rung4_compile"
     assert rows[4]["chain"]["named"] == "unfused_optimizer"
-    timed_wait_pct = json.loads((rung4 / trace.SUMMARY_FILE).read_text())["data_wait_pct"]
-    traced_wait_pct = analyze.analyze_trace(rung4)["dataloader_pct"]
-    assert traced_wait_pct < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
+    summary = json.loads((rung4 / trace.SUMMARY_FILE).read_text())
+    timed_wait_pct = summary["data_wait_pct"]
+    result = analyze.analyze_trace(rung4)
+    assert result["dataloader_pct"] < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
+    gpu_busy_ms_per_step = (result["gpu"]["utilization_pct"] / 100 * result["window_ms"]
+                            / result["steps"])
+    assert gpu_busy_ms_per_step > summary["step_ms_p50"]
     assert rows[5]["vs_previous"] > rows[6]["vs_previous"] > 1
