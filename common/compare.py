@@ -10,7 +10,8 @@ come from the trace the summary names (trace_file), through common.analyze. Both
 their conditions (device, device_name, preset, torch_version): a pair that does not is an error,
 not a comparison. A run whose profiled steps ran much slower than its timed ones
 (profiler_overhead_ratio above trace.PROFILER_OVERHEAD_WARN_RATIO) gets a warning: its trace
-exaggerates the CPU's share.
+exaggerates the CPU's share, or, where the GPU alone was busy that much longer a recorded step
+(gpu_busy_ratio), its recorded steps held more GPU work or met a slower GPU.
 
 BEFORE and AFTER are any two traces, or run folders (the newest trace in each; a summary.json
 beside it, as harness.profile_loop writes for your own loop, adds its timed numbers): step time,
@@ -202,17 +203,39 @@ def profiler_overhead_ratio(summary: dict) -> float | None:
     return ratio(summary.get("profiled_step_ms_p50"), summary.get("step_ms_p50"))
 
 
+def gpu_busy_ratio(summary: dict, analysis: dict) -> float | None:
+    """A GPU trace's busy time per recorded step (its utilization of the window, over the steps)
+    ÷ the timed step p50; None on a CPU trace or without the p50. The profiler's own cost is the
+    host's: a recorded step keeps the GPU busy longer than a whole timed step took only if it held
+    more GPU work or the GPU ran slower while recorded. (The H100 reference's runs whose GPU is
+    busy 99 % or more of the window keep it busy within 1 % of their timed p50.)"""
+    gpu = analysis.get("gpu") or {}
+    busy_pct, steps, window_ms = (gpu.get("utilization_pct"), analysis.get("steps"),
+                                  analysis.get("window_ms"))
+    if busy_pct is None or not steps or not window_ms:
+        return None
+    return ratio(busy_pct / 100 * window_ms / steps, summary.get("step_ms_p50"))
+
+
 def profiler_warnings(comparison: dict) -> list[str]:
     """One sentence per variant whose profiled steps ran more than PROFILER_OVERHEAD_WARN_RATIO
-    times its timed p50: the profiler's per-operator cost (record_shapes, profile_memory) then
-    inflates the trace's CPU time, and only the unprofiled numbers stand."""
+    times its timed p50, and why, from the trace: the profiler's per-operator cost
+    (record_shapes, profile_memory) inflates the trace's CPU time; or, where the GPU alone was
+    busy that much longer a recorded step (gpu_busy_ratio, the same bound), those steps held more
+    GPU work or met a slower GPU. Either way only the unprofiled numbers stand."""
     warnings = []
     for variant in comparison.get("variants", VARIANTS):
         overhead = comparison["profiler_overhead_ratio"][variant]
-        if overhead is not None and overhead > trace.PROFILER_OVERHEAD_WARN_RATIO:
-            warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
-                            f"(warn above {trace.PROFILER_OVERHEAD_WARN_RATIO}x): the trace "
-                            f"exaggerates CPU time; trust {comparison['speedup_of']}")
+        if overhead is None or overhead <= trace.PROFILER_OVERHEAD_WARN_RATIO:
+            continue
+        busy = comparison["gpu_busy_ratio"][variant]
+        why = ("the trace exaggerates CPU time" if busy is None
+               or busy <= trace.PROFILER_OVERHEAD_WARN_RATIO
+               else f"the GPU alone was busy {busy:.2f}x the timed step p50 a recorded step (more "
+                    f"GPU work in those steps, or a GPU that ran slower while recorded)")
+        warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
+                        f"(warn above {trace.PROFILER_OVERHEAD_WARN_RATIO}x): {why}; trust "
+                        f"{comparison['speedup_of']}")
     return warnings
 
 
@@ -306,6 +329,8 @@ def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
         "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in labels},
         "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
                                     for v in labels},
+        "gpu_busy_ratio": {v: gpu_busy_ratio(runs[v]["summary"], runs[v]["analysis"])
+                           for v in labels},
         "step_parts_ms": {v: step_parts_ms(runs[v]["analysis"]) for v in labels},
         "still_bounds": still_bounds(runs[labels[-1]]["analysis"]),
         "what_changed": changed}
@@ -731,7 +756,9 @@ def main(argv: list[str] | None = None) -> int:
                              "analysis, speedup (the second run over the first, of speedup_of: "
                              "samples/s, or real tokens/s for a pair that counts them; null "
                              "without summaries), peak_memory_ratio, data_wait_pct and "
-                             "profiler_overhead_ratio per run, step_parts_ms per run, "
+                             "profiler_overhead_ratio and gpu_busy_ratio (the GPU's "
+                             "busy time a recorded step over the timed step p50) per run, "
+                             "step_parts_ms per run, "
                              "still_bounds, what_changed (operators and kernels), warnings")
     flags = parser.parse_args(argv)
     if len(flags.paths) > 2:

@@ -168,14 +168,17 @@ def operator_names(columns: TraceColumns, index: np.ndarray) -> np.ndarray:
 
 def by_operator(names: np.ndarray, delta: np.ndarray, steps: int) -> list[dict]:
     """The top MEMORY_OPERATORS_SHOWN operators by bytes allocated: MB and allocations per step.
-    Names are interned strings (trace_columns): grouped by identity, without sorting strings."""
+    Names are interned strings (trace_columns): grouped by identity, without sorting strings;
+    equal bytes in the order the trace first names them."""
     if not names.size:
         return []
     _, first, code = np.unique(np.fromiter(map(id, names), np.int64, names.size),
                                return_index=True, return_inverse=True)
     mb = np.bincount(code, weights=delta) / trace.BYTES_PER_MB / steps
     count = np.bincount(code) / steps
-    top = np.argsort(-mb, kind="stable")[:MEMORY_OPERATORS_SHOWN]
+    # Ties go to the operator seen first in the trace: the groups' own order is by object id,
+    # which changes from one process to the next.
+    top = np.lexsort((first, -mb))[:MEMORY_OPERATORS_SHOWN]
     return [{"operator": str(names[first[k]]), "mb_per_step": float(mb[k]),
              "allocations_per_step": float(count[k])} for k in top]
 

@@ -442,8 +442,9 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     print_summary(run, summary, trace_path)
     if overhead_ratio > trace.PROFILER_OVERHEAD_WARN_RATIO:  # compare and the report say it too
         log(run, f"warning: the recorded steps ran {overhead_ratio:.2f}x the timed p50 (the "
-                 f"profiler's own cost per operator): the trace exaggerates CPU time; for speed, "
-                 f"trust {speed_words(summary)}")
+                 f"profiler's own cost per operator; on a GPU, also more GPU work in those steps "
+                 f"or a GPU that ran slower: compare says which): the trace exaggerates their "
+                 f"time; for speed, trust {speed_words(summary)}")
     return summary
 
 

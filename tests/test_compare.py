@@ -258,6 +258,44 @@ def test_profiler_overhead_ratio_and_its_threshold(synthetic_pairs_out, tmp_path
     assert ("warning: bad:" in compare.format_text(comparison)) == warned
 
 
+H100 = ROOT / "traces" / "reference" / "h100"
+
+
+def profiled_warning(comparison: dict, variant: str) -> str | None:
+    return next((w for w in comparison["warnings"]
+                 if w.startswith(f"{variant}: profiled steps ran")), None)
+
+
+@pytest.mark.skipif(not H100.is_dir(), reason="no committed H100 reference")
+def test_the_warning_tells_more_gpu_time_from_the_profiler_s_cost_on_real_traces():
+    """padding_waste/fixed's recorded steps ran the bucket mix's longer texts: the GPU alone was
+    busy 1.8x the timed p50 a step, which no host-side cost explains, and the warning says so.
+    unfused_optimizer's GPU idles most of each step (busy 0.14x its p50) while the profiler's
+    cost per operator slows the host: the warning blames the CPU time. A GPU-bound run with no
+    such mix (padding_waste/bad, busy 99.7 % of its window) keeps its GPU busy its timed p50."""
+    padding = compare.compare(H100 / "padding_waste")
+    assert padding["gpu_busy_ratio"]["bad"] == pytest.approx(1.0, abs=0.01)
+    busy = padding["gpu_busy_ratio"]["fixed"]
+    assert busy > trace.PROFILER_OVERHEAD_WARN_RATIO
+    assert profiled_warning(padding, "bad") is None
+    assert (f"the GPU alone was busy {busy:.2f}x the timed step p50 a recorded step"
+            in profiled_warning(padding, "fixed"))
+    optimizer = compare.compare(H100 / "unfused_optimizer")
+    for variant in compare.VARIANTS:
+        assert optimizer["gpu_busy_ratio"][variant] < 1
+        assert profiled_warning(optimizer, variant).endswith(
+            "the trace exaggerates CPU time; trust samples/s")
+
+
+def test_a_cpu_trace_has_no_gpu_busy_ratio():
+    cpu_run = compare.compare(ROOT / "traces" / "reference" / "cpu" / "host_roundtrip")
+    assert cpu_run["gpu_busy_ratio"] == {"bad": None, "fixed": None}
+    assert compare.gpu_busy_ratio({}, {"gpu": {"utilization_pct": 50.0}, "steps": 3,
+                                       "window_ms": 30.0}) is None
+    assert compare.gpu_busy_ratio({"step_ms_p50": 10.0}, {"gpu": {"utilization_pct": 50.0},
+                                                           "steps": 3, "window_ms": 30.0}) == 0.5
+
+
 def test_older_summaries_show_n_a_for_the_new_rows(synthetic_pairs_out, capsys):
     """The synthetic summaries have neither field: the rows stay, as n/a, and JSON says null."""
     assert compare.main([str(synthetic_pairs_out / "small_batch")]) == 0
