@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import analyze, compare, data, ladder, presets, runs, trace, verdicts
+from common import analyze, compare, ladder, presets, runs, trace, verdicts
 from tests.conftest import ROOT
-from tests.test_data_pipeline import JITTER_TOLERANCE
+from tests.test_data_pipeline import assert_compiled_jitter_is_eager
 
 # Both scripts of a pair at smoke sizes take seconds; launch_overhead's fixed.py compiles
 # (Triton: a minute or two, cold). This only stops a hung run.
@@ -215,13 +215,4 @@ def check_snapshot_flag(tmp_path) -> None:
 def test_the_colour_jitter_compiles_to_the_eager_values_on_the_gpu():
     """The ladder's rung 5 jitters each batch on the GPU in Inductor's code (data.jitter_on_device):
     compiled whole, on a batch of the GPU preset's image size, it gives the eager values."""
-    device = torch.device("cuda")
-    generator = torch.Generator(device=device).manual_seed(0)
-    batch = torch.randint(0, 256, (64, 3, 224, 224), dtype=torch.uint8, device=device,
-                          generator=generator)
-    draws = data.jitter_draws(len(batch), generator)
-    mean, std = data.imagenet_stats(device)
-    compiled = torch.compile(data.jittered_normalized, fullgraph=True)
-    assert torch.allclose(compiled(batch, *draws, mean, std),
-                          data.jittered_normalized(batch, *draws, mean, std),
-                          rtol=0, atol=JITTER_TOLERANCE / min(data.IMAGENET_STD))
+    assert_compiled_jitter_is_eager(torch.device("cuda"), images=64, size=224, seed=0)
