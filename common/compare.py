@@ -228,7 +228,7 @@ def profiler_warnings(comparison: dict) -> list[str]:
         overhead = comparison["profiler_overhead_ratio"][variant]
         if overhead is None or overhead <= trace.PROFILER_OVERHEAD_WARN_RATIO:
             continue
-        busy = comparison["gpu_busy_ratio"][variant]
+        busy = comparison.get("gpu_busy_ratio", {}).get(variant)  # None: a CPU trace, or older
         why = ("the trace exaggerates CPU time" if busy is None
                or busy <= trace.PROFILER_OVERHEAD_WARN_RATIO
                else f"the GPU alone was busy {busy:.2f}x the timed step p50 a recorded step (more "
