@@ -182,7 +182,5 @@ def test_the_chain_on_the_committed_h100_run():
     timed_wait_pct = summary["data_wait_pct"]
     result = analyze.analyze_trace(rung4)
     assert result["dataloader_pct"] < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
-    gpu_busy_ms_per_step = (result["gpu"]["utilization_pct"] / 100 * result["window_ms"]
-                            / result["steps"])
-    assert gpu_busy_ms_per_step > summary["step_ms_p50"]
+    assert compare.gpu_busy_ratio(summary, result) > 1  # the GPU busier than a whole timed step
     assert rows[5]["vs_previous"] > rows[6]["vs_previous"] > 1
