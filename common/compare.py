@@ -8,10 +8,9 @@ DEMO_DIR holds bad/ and fixed/, each with the summary.json and the trace a demo 
 timed phase; peak memory as the harness measured it); the GPU and host numbers and the verdicts
 come from the trace the summary names (trace_file), through common.analyze. Both runs must share
 their conditions (device, device_name, preset, torch_version): a pair that does not is an error,
-not a comparison. A run whose profiled steps ran much slower than its timed ones
-(profiler_overhead_ratio above trace.PROFILER_OVERHEAD_WARN_RATIO) gets a warning: its trace
-exaggerates the CPU's share, or, where the GPU alone was busy that much longer a recorded step
-(gpu_busy_ratio), its recorded steps held more GPU work or met a slower GPU.
+not a comparison. A run whose recorded steps do not stand for its timed ones gets a warning
+(common/recorded.py): profiled steps much slower than the timed ones, or a data wait that the
+trace misses or exaggerates.
 
 BEFORE and AFTER are any two traces, or run folders (the newest trace in each; a summary.json
 beside it, as harness.profile_loop writes for your own loop, adds its timed numbers): step time,
@@ -26,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import analyze, ladder, trace
+from common import analyze, ladder, recorded, trace
 from common.trace_steps import BREAKDOWN_ROLES, TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")  # a demo's two runs
@@ -195,48 +194,14 @@ def headline(comparison: dict) -> str:
     return ", ".join(parts)
 
 
-def profiler_overhead_ratio(summary: dict) -> float | None:
-    """Profiled step p50 / timed step p50, as the harness writes it (profiler_overhead_ratio), or
-    from the two p50s when only they are there; None for an older summary without them."""
-    if summary.get("profiler_overhead_ratio") is not None:
-        return summary["profiler_overhead_ratio"]
-    return ratio(summary.get("profiled_step_ms_p50"), summary.get("step_ms_p50"))
-
-
-def gpu_busy_ratio(summary: dict, analysis: dict) -> float | None:
-    """A GPU trace's busy time per recorded step (its utilization of the window, over the steps)
-    ÷ the timed step p50; None on a CPU trace or without the p50. The profiler's own cost is the
-    host's: a recorded step keeps the GPU busy longer than a whole timed step took only if it held
-    more GPU work or the GPU ran slower while recorded. (The H100 reference's runs whose GPU is
-    busy 99 % or more of the window keep it busy within 1 % of their timed p50.)"""
-    gpu = analysis.get("gpu") or {}
-    busy_pct, steps, window_ms = (gpu.get("utilization_pct"), analysis.get("steps"),
-                                  analysis.get("window_ms"))
-    if busy_pct is None or not steps or not window_ms:
-        return None
-    return ratio(busy_pct / 100 * window_ms / steps, summary.get("step_ms_p50"))
-
-
 def profiler_warnings(comparison: dict) -> list[str]:
-    """One sentence per variant whose profiled steps ran more than PROFILER_OVERHEAD_WARN_RATIO
-    times its timed p50, and why, from the trace: the profiler's per-operator cost
-    (record_shapes, profile_memory) inflates the trace's CPU time; or, where the GPU alone was
-    busy that much longer a recorded step (gpu_busy_ratio, the same bound), those steps held more
-    GPU work or met a slower GPU. Either way only the unprofiled numbers stand."""
-    warnings = []
-    for variant in comparison.get("variants", VARIANTS):
-        overhead = comparison["profiler_overhead_ratio"][variant]
-        if overhead is None or overhead <= trace.PROFILER_OVERHEAD_WARN_RATIO:
-            continue
-        busy = comparison.get("gpu_busy_ratio", {}).get(variant)  # None: a CPU trace, or older
-        why = ("the trace exaggerates CPU time" if busy is None
-               or busy <= trace.PROFILER_OVERHEAD_WARN_RATIO
-               else f"the GPU alone was busy {busy:.2f}x the timed step p50 a recorded step (more "
-                    f"GPU work in those steps, or a GPU that ran slower while recorded)")
-        warnings.append(f"{variant}: profiled steps ran {overhead:.2f}x the timed step p50 "
-                        f"(warn above {trace.PROFILER_OVERHEAD_WARN_RATIO}x): {why}; trust "
-                        f"{comparison['speedup_of']}")
-    return warnings
+    """Per variant, each way its recorded steps fail to stand for its timed ones
+    (recorded.recorded_warnings: the profiled steps' p50, the data wait); only the unprofiled
+    numbers stand."""
+    return [f"{variant}: {line}" for variant in comparison.get("variants", VARIANTS)
+            for line in recorded.recorded_warnings(comparison[variant]["summary"],
+                                                   comparison[variant]["analysis"],
+                                                   comparison["speedup_of"])]
 
 
 def compare(demo_dir: Path, keep_detail: bool = False) -> dict:
@@ -327,9 +292,9 @@ def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
         "peak_memory_ratio": ratio(new.get("peak_memory_mb"), old.get("peak_memory_mb")),
         # Per variant, null where an older summary lacks them.
         "data_wait_pct": {v: runs[v]["summary"].get("data_wait_pct") for v in labels},
-        "profiler_overhead_ratio": {v: profiler_overhead_ratio(runs[v]["summary"])
+        "profiler_overhead_ratio": {v: recorded.profiler_overhead_ratio(runs[v]["summary"])
                                     for v in labels},
-        "gpu_busy_ratio": {v: gpu_busy_ratio(runs[v]["summary"], runs[v]["analysis"])
+        "gpu_busy_ratio": {v: recorded.gpu_busy_ratio(runs[v]["summary"], runs[v]["analysis"])
                            for v in labels},
         "step_parts_ms": {v: step_parts_ms(runs[v]["analysis"]) for v in labels},
         "still_bounds": still_bounds(runs[labels[-1]]["analysis"]),
@@ -404,9 +369,6 @@ def still_bounds(analysis: dict) -> str:
 # 3 (ours too, for timing we use the unprofiled phase). 5 is the smallest count whose p50 has two
 # steps on each side.
 FEW_STEPS = 5
-# A p95 more than half again the p50: steps differ more than most fixes gain (a DataLoader that
-# delivers in bursts, a sync on some steps), so one run's mean says little.
-STEP_SPREAD_MAX = 1.5
 
 
 def before_after_warnings(comparison: dict) -> list[str]:
@@ -421,10 +383,10 @@ def before_after_warnings(comparison: dict) -> list[str]:
                             f"the parts of the step, not its total")
         p50, p95 = ((summary["step_ms_p50"], summary["step_ms_p95"]) if summary
                     else (analysis["step_ms"]["p50"], analysis["step_ms"]["p95"]))
-        if p50 and p95 / p50 > STEP_SPREAD_MAX:
+        if p50 and p95 / p50 > recorded.STEP_SPREAD_MAX:
             warnings.append(f"{label}: steps vary (p95 {p95:.1f} ms is {p95 / p50:.2f}x the p50 "
-                            f"{p50:.1f} ms; warn above {STEP_SPREAD_MAX}x): one run's mean says "
-                            f"little, measure more steps")
+                            f"{p50:.1f} ms; warn above {recorded.STEP_SPREAD_MAX}x): one run's "
+                            f"mean says little, measure more steps")
     old, new = (comparison[label]["analysis"] for label in comparison["variants"])
     if (old["device"], old["gpu_name"]) != (new["device"], new["gpu_name"]):
         warnings.append(f"the runs are on different devices ({old['device']} "
@@ -502,7 +464,7 @@ ROWS = [
     # The caching allocator's peak (torch.cuda.max_memory_reserved; a GPU run's only).
     ("peak reserved MB", lambda run: run["summary"].get("peak_reserved_mb"), ".1f", -1),
     ("data wait %", lambda run: run["summary"].get("data_wait_pct"), ".1f", -1),
-    ("profiled/timed step", lambda run: profiler_overhead_ratio(run["summary"]), ".2f", 0),
+    ("profiled/timed step", lambda run: recorded.profiler_overhead_ratio(run["summary"]), ".2f", 0),
     # The recorded steps' time, for runs without a timed phase (traces from elsewhere).
     ("trace step p50 ms", lambda run: None if run["summary"] else run["analysis"]["step_ms"]["p50"],
      ".1f", -1),

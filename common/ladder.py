@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from common import analyze, trace
+from common import analyze, recorded, trace
 
 RUNG_FOLDER = re.compile(r"^rung(\d+)_(\w+)$")
 # The pair that teaches each rung's fix, which a verdict names (its "demo") when it names the fix.
@@ -77,7 +77,8 @@ def top_finding(result: dict) -> dict | None:
 
 def ladder_rows(folder: Path) -> list[dict]:
     """One row per rung: rung, fix, device, samples_per_s, vs_previous and vs_first (ratios of
-    samples/s), verdicts (ids), top (the first actionable finding's id and demo), and chain:
+    samples/s), verdicts (ids), top (the first actionable finding's id and demo), warnings
+    (recorded.recorded_warnings: where the trace does not stand for the timed steps), and chain:
     "holds", "breaks" (with what it named instead) or "skipped" (with the reason) for whether
     the top verdict names the next rung's fix; None on the last rung."""
     rungs = rung_folders(folder)
@@ -89,7 +90,9 @@ def ladder_rows(folder: Path) -> list[dict]:
         row = {"rung": path.name, "k": k, "fix": fix, "device": summary["device"],
                "batch_size": summary["batch_size"], "samples_per_s": summary["samples_per_s"],
                "verdicts": [f["id"] for f in result["findings"]],
-               "top": None if top is None else {"id": top["id"], "demo": top["demo"]}}
+               "top": None if top is None else {"id": top["id"], "demo": top["demo"]},
+               # where its recorded steps do not stand for its timed ones, a sentence each
+               "warnings": recorded.recorded_warnings(summary, result, "samples/s")}
         first, before = (rows[0], rows[-1]) if rows else (None, None)
         row["vs_previous"] = (None if before is None
                               else row["samples_per_s"] / before["samples_per_s"])
@@ -135,7 +138,7 @@ def chain_words(link: dict | None) -> str:
 
 def format_waterfall(rows: list[dict]) -> str:
     """The waterfall as text: a line per rung with its samples/s, its gain over the rung before
-    and over rung 0, its verdicts, and the chain."""
+    and over rung 0, its verdicts, and the chain; then its warnings, a line each."""
     lines = [f"ladder: {len(rows)} rungs on {rows[0]['device']}" if rows else "ladder: no rungs"]
     for row in rows:
         top = f"{row['top']['id']} ({row['top']['demo']})" if row["top"] else "none"
@@ -145,6 +148,7 @@ def format_waterfall(rows: list[dict]) -> str:
             f"vs rung 0: {ratio_words(row['vs_first'])}")
         lines.append(f"{'':<24} verdicts: {', '.join(row['verdicts']) or 'none'}; top: {top}; "
                      f"chain: {chain_words(row['chain'])}")
+        lines += [f"{'':<24} warning: {warning}" for warning in row.get("warnings", [])]
     return "\n".join(lines)
 
 

@@ -52,8 +52,8 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import (analyze, compare, compiled, intervals, ladder, report, syncs,  # noqa: E402
-                    trace, trace_steps)
+from common import (analyze, compare, compiled, intervals, ladder, recorded, report,  # noqa: E402
+                    syncs, trace, trace_steps)
 from common.idle_causes import names_where  # noqa: E402
 from common.intervals import Spans  # noqa: E402
 from common.kernel_names import ATTENTION_PATTERN, uses_tensor_cores  # noqa: E402
@@ -620,7 +620,7 @@ HEADLINES = {"dataloader_workers": headline_dataloader_workers,
 
 def profiled_vs_timed(run: Run) -> float | None:
     """The profiled steps' p50 ÷ the timed steps' p50 (summary.json, as compare reads it)."""
-    return compare.profiler_overhead_ratio(run.summary)
+    return recorded.profiler_overhead_ratio(run.summary)
 
 
 def timing_note(run: Run) -> str:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common import analyze, compare, trace
+from common import analyze, compare, recorded, trace
 from tests.conftest import ROOT, read_summary
 from tests.kineto_builder import ELEMENTWISE, KinetoTrace
 
@@ -290,9 +290,9 @@ def test_the_warning_tells_more_gpu_time_from_the_profiler_s_cost_on_real_traces
 def test_a_cpu_trace_has_no_gpu_busy_ratio():
     cpu_run = compare.compare(ROOT / "traces" / "reference" / "cpu" / "host_roundtrip")
     assert cpu_run["gpu_busy_ratio"] == {"bad": None, "fixed": None}
-    assert compare.gpu_busy_ratio({}, {"gpu": {"utilization_pct": 50.0}, "steps": 3,
+    assert recorded.gpu_busy_ratio({}, {"gpu": {"utilization_pct": 50.0}, "steps": 3,
                                        "window_ms": 30.0}) is None
-    assert compare.gpu_busy_ratio({"step_ms_p50": 10.0}, {"gpu": {"utilization_pct": 50.0},
+    assert recorded.gpu_busy_ratio({"step_ms_p50": 10.0}, {"gpu": {"utilization_pct": 50.0},
                                                            "steps": 3, "window_ms": 30.0}) == 0.5
 
 

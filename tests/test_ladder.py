@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from common import analyze, compare, ladder, profiling, trace, verdicts
+from common import analyze, compare, ladder, profiling, recorded, trace, verdicts
 from tests.conftest import ROOT
 from tests.test_scripts import load_run_demos
 
@@ -182,5 +182,5 @@ def test_the_chain_on_the_committed_h100_run():
     timed_wait_pct = summary["data_wait_pct"]
     result = analyze.analyze_trace(rung4)
     assert result["dataloader_pct"] < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
-    assert compare.gpu_busy_ratio(summary, result) > 1  # the GPU busier than a whole timed step
+    assert recorded.gpu_busy_ratio(summary, result) > 1  # the GPU busier than a whole timed step
     assert rows[5]["vs_previous"] > rows[6]["vs_previous"] > 1

@@ -145,7 +145,8 @@ def test_padded_batches_mask_exactly_the_padding():
 
 
 def test_the_overhead_warning_names_the_pairs_own_throughput():
-    comparison = {"profiler_overhead_ratio": {"bad": 1.5, "fixed": 1.0},
+    comparison = {"bad": {"summary": {"profiler_overhead_ratio": 1.5}, "analysis": {}},
+                  "fixed": {"summary": {"profiler_overhead_ratio": 1.0}, "analysis": {}},
                   "speedup_of": "real tokens/s"}
     assert [w.endswith("trust real tokens/s") for w in compare.profiler_warnings(comparison)] == [
         True]
