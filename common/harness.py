@@ -102,6 +102,10 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                         help="tiny sizes and few steps: finishes in seconds, for tests")
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="timed steps (default: the preset's)")
+    parser.add_argument("--recorded-steps", type=positive_int, default=None, metavar="N",
+                        help="steps the profiler records (default: the preset's, 3 for most "
+                             "demos): more catch what a few steps can miss, such as a loader's "
+                             "bursts, at a larger trace")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output root (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -174,6 +178,8 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     preset = presets.PRESETS[demo][name]
     if batch_size is not None:
         preset = replace(preset, batch_size=batch_size)
+    if flags.recorded_steps is not None:
+        preset = replace(preset, recorded_steps=flags.recorded_steps)
     budget_gb = flags.memory_budget_gb or preset.memory_budget_gb  # the flag, else the preset's
     budget_mb = None if budget_gb is None else budget_gb * MB_PER_GB
     if budget_mb is not None and device.type == "cuda":

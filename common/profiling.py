@@ -46,6 +46,7 @@ from common.runs import (
     CPROFILE_FILE,
     MEMORY_HISTORY_MAX_ENTRIES,
     MEMORY_SNAPSHOT_FILE,
+    PROFILE_ACTIVE_STEPS,
     PROFILE_WAIT_STEPS,
     PROFILE_WARMUP_STEPS,
     Requests,
@@ -495,27 +496,30 @@ RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_size: int,
             device: str | torch.device = "cpu", steps: int = 20, warmup_steps: int = 5,
             out: Path | str = "traces", record_shapes: bool = True,
-            profile_memory: bool | None = None, with_stack: bool = False) -> dict:
+            profile_memory: bool | None = None, with_stack: bool = False,
+            recorded_steps: int = PROFILE_ACTIVE_STEPS) -> dict:
     """Measure your own training (or inference) step the way the demos are measured, and write
     the same files, so that common.analyze, common.compare and the report read them:
     `warmup_steps` untimed steps; `steps` timed steps without the profiler (device synchronised,
     CUDA events on a GPU) -> samples_per_s from `batch_size`, step-time percentiles; then a few
-    profiled steps (schedule: warm-up 1, record 3, none skipped) -> a gzip trace,
+    profiled steps (schedule: warm-up 1, record `recorded_steps`, none skipped) -> a gzip trace,
     key_averages.txt and summary.json in <out>/<name>/<variant>/ (`out` relative to where you
     stand), which is emptied of an earlier run's files first.
 
     `step` runs one whole step (forward, backward, optimizer) and must run on `device`.
     `record_shapes` (on by default: the batch and attention verdicts read shapes) and
     `profile_memory` (default: on a CPU only, where the peak comes from it) cost CPU time per
-    operator. `with_stack` records Python frames (the analyzer's hot frames). One process: in a
-    job of several ranks, call it on one rank with its own `name`. Returns the summary."""
+    operator. `with_stack` records Python frames (the analyzer's hot frames). More
+    `recorded_steps` catch what three can miss (a loader's bursts), at a larger trace. One
+    process: in a job of several ranks, call it on one rank with its own `name`. Returns the
+    summary."""
     device = torch.device(device)
     for label, value in (("name", name), ("variant", variant)):
         if not isinstance(value, str) or not RUN_NAME.fullmatch(value):
             raise ValueError(f"profile_loop(): {label}={value!r} must be a folder name (letters, "
                              f"digits, _ - .; not starting with . or -)")
     for label, value in (("batch_size", batch_size), ("steps", steps),
-                         ("warmup_steps", warmup_steps)):
+                         ("warmup_steps", warmup_steps), ("recorded_steps", recorded_steps)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"profile_loop(): {label}={value!r} must be a whole number >= 1")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -525,7 +529,8 @@ def profile_loop(step: Callable[[], None], *, name: str, variant: str, batch_siz
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL_CPU)
     run = Run(demo=name, variant=variant, device=device, device_name=device_name(device),
               preset_name="own", preset=presets.Preset(batch_size=batch_size, steps=steps,
-                                                       warmup_steps=warmup_steps),
+                                                       warmup_steps=warmup_steps,
+                                                       recorded_steps=recorded_steps),
               steps=steps, seed=torch.initial_seed(), out_dir=Path(out) / name / variant,
               record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
     clear_run_dir(run.out_dir)  # a run that fails half-way must not leave the last one's results

@@ -80,7 +80,8 @@ def data_wait_warning(summary: dict, analysis: dict) -> str | None:
     missed = timed > recorded
     p50, p95 = summary.get("step_ms_p50"), summary.get("step_ms_p95")
     bursts = (f"; their p95 is {p95 / p50:.2f}x their p50: the batches came in bursts, which "
-              f"{analysis['steps']} recorded steps can fall between"
+              f"{analysis['steps']} recorded steps can fall between (record more: "
+              f"--recorded-steps)"
               if missed and p50 and p95 and p95 / p50 > STEP_SPREAD_MAX else "")
     return (f"the timed steps waited for data {timed:.1f} % of the time, the recorded steps "
             f"{recorded:.1f} % (DataLoader share; warn above a {DATA_WAIT_GAP_POINTS:.0f}-point "

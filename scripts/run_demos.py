@@ -62,6 +62,9 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and few steps")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps, passed to every script (default: each preset's)")
+    parser.add_argument("--recorded-steps", type=int, default=None, metavar="N",
+                        help="steps each profiler records, passed to every script (default: "
+                             "each preset's)")
     parser.add_argument("--seed", type=int, default=None,
                         help="random seed, passed to every script (default: 0)")
     parser.add_argument("--memory-budget-gb", type=float, default=None, metavar="GB",
@@ -77,8 +80,9 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--update-reference", action="store_true",
                         help="allow --out inside traces/reference/ (replaces committed runs)")
     flags = parser.parse_args(argv)
-    if flags.steps is not None and flags.steps < 1:
-        parser.error(f"--steps must be a whole number >= 1, got {flags.steps}")
+    for name, value in (("--steps", flags.steps), ("--recorded-steps", flags.recorded_steps)):
+        if value is not None and value < 1:
+            parser.error(f"{name} must be a whole number >= 1, got {value}")
     if flags.jobs < 1:
         parser.error(f"--jobs must be a whole number >= 1, got {flags.jobs}")
     if flags.jobs > 1 and not flags.smoke:
@@ -105,7 +109,9 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace,
     command = [sys.executable, str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
                "--out", str(flags.out)] + (["--smoke"] if flags.smoke else [])
     command += ["--with-stack"] if flags.with_stack else []
-    command += [arg for flag, value in (("--steps", flags.steps), ("--seed", flags.seed),
+    command += [arg for flag, value in (("--steps", flags.steps),
+                                        ("--recorded-steps", flags.recorded_steps),
+                                        ("--seed", flags.seed),
                                         ("--memory-budget-gb", flags.memory_budget_gb))
                 if value is not None for arg in (flag, str(value))]
     started = datetime.now(timezone.utc).replace(microsecond=0)  # created_utc: whole seconds

@@ -27,8 +27,10 @@ def test_defaults(monkeypatch):
 def test_flags_override_the_preset(tmp_path):
     run = harness.setup("dataloader_workers", "fixed",
                         ["--device", "cpu", "--smoke", "--steps", "7", "--out", str(tmp_path),
-                         "--seed", "3"])
+                         "--seed", "3", "--recorded-steps", "6"])
     assert run.preset_name == "smoke" and run.steps == 7 and run.seed == 3
+    assert run.recorded_steps == 6 and run.profiled_steps == (runs.PROFILE_WAIT_STEPS
+                                                              + runs.PROFILE_WARMUP_STEPS + 6)
     assert run.batch_size == presets.PRESETS["dataloader_workers"]["smoke"].batch_size
     assert run.out_dir == tmp_path / "dataloader_workers" / "fixed"
 
@@ -49,12 +51,13 @@ def test_cuda_requested_without_a_gpu_is_a_clear_exit_2(monkeypatch, capsys):
     assert "PyTorch sees no CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--recorded-steps"])
 @pytest.mark.parametrize("steps", ["0", "-3", "many"])
-def test_steps_must_be_a_positive_whole_number(steps, capsys):
+def test_steps_must_be_a_positive_whole_number(flag, steps, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        harness.setup("dataloader_workers", "bad", ["--steps", steps])
+        harness.setup("dataloader_workers", "bad", [flag, steps])
     assert exit_info.value.code == 2
-    assert "--steps" in capsys.readouterr().err
+    assert f"{flag}:" in capsys.readouterr().err
 
 
 def test_every_demo_has_the_three_presets_and_gpu_batches_are_not_smaller():

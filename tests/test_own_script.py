@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from common import analyze, compare, harness
+from common.runs import PROFILE_ACTIVE_STEPS
 from common.trace_steps import BREAKDOWN_ROLES, time_by_name
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.kineto_builder import KinetoTrace, simulate_training
@@ -122,19 +123,23 @@ def test_compare_says_which_way_samples_per_s_went(own_runs, tmp_path, capsys, f
 def test_a_rerun_leaves_one_trace(own_runs, tmp_path):
     """profile_loop empties its run folder first, as the demos do: TensorBoard reads a folder
     once and would show a stale trace as a second worker. The rerun goes to a folder of its own
-    holding a copy of the fixture's "before" run (the other tests read the fixture's)."""
+    holding a copy of the fixture's "before" run (the other tests read the fixture's). It records
+    5 steps, not the default 3: the trace holds as many."""
     runs, _ = own_runs
     stale = tmp_path / "traces" / "my_model" / "before"
     shutil.copytree(runs / "before", stale)
     [old_trace] = [p.name for p in stale.glob("*.pt.trace.json.gz")]
-    code = readme_snippet().replace("harness.profile_loop(step,",
-                                    "harness.profile_loop(step, steps=2, warmup_steps=1,")
-    assert code.count("steps=2, warmup_steps=1,") == 1
+    code = readme_snippet().replace(
+        "harness.profile_loop(step,",
+        "harness.profile_loop(step, steps=2, warmup_steps=1, recorded_steps=5,")
+    assert code.count("steps=2, warmup_steps=1, recorded_steps=5,") == 1
     again = run_snippet(code, tmp_path)
     assert again.returncode == 0, again.stderr
     traces = [p.name for p in stale.glob("*.pt.trace.json.gz")]
     assert len(traces) == 1 and traces != [old_trace], (traces, old_trace)
     assert json.loads((stale / "summary.json").read_text())["steps"] == 2
+    assert analyze.analyze_trace(runs / "before")["steps"] == PROFILE_ACTIVE_STEPS == 3
+    assert analyze.analyze_trace(stale)["steps"] == 5
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -142,6 +147,7 @@ def test_a_rerun_leaves_one_trace(own_runs, tmp_path):
     (dict(variant="a/b"), "must be a folder name"),
     (dict(batch_size=0), "batch_size=0 must be a whole number >= 1"),
     (dict(steps=2.5), "steps=2.5 must be a whole number >= 1"),
+    (dict(recorded_steps=0), "recorded_steps=0 must be a whole number >= 1"),
 ])
 def test_profile_loop_refuses_bad_arguments_before_running(tmp_path, arguments, message):
     calls = []

@@ -141,13 +141,15 @@ def test_run_demos_unknown_demo_is_one_line_and_exit_code_2(fake_demos, capsys):
 
 def test_run_demos_passes_steps_and_seed_to_every_script(fake_demos):
     fake_demos.add("healthy")
-    assert fake_demos.main(["--out", str(fake_demos.out), "--steps", "7", "--seed", "3"]) == 0
+    assert fake_demos.main(["--out", str(fake_demos.out), "--steps", "7", "--seed", "3",
+                            "--recorded-steps", "9"]) == 0
     for variant in ("bad", "fixed"):
         argv = json.loads((fake_demos.out / "healthy" / variant / "argv.json").read_text())
         assert argv[argv.index("--steps") + 1] == "7" and argv[argv.index("--seed") + 1] == "3"
+        assert argv[argv.index("--recorded-steps") + 1] == "9"
     assert fake_demos.main(["--out", str(fake_demos.out)]) == 0  # not given: the scripts' own
     argv = json.loads((fake_demos.out / "healthy" / "bad" / "argv.json").read_text())
-    assert "--steps" not in argv and "--seed" not in argv
+    assert not {"--steps", "--seed", "--recorded-steps"} & set(argv)
 
 
 def test_run_demos_passes_the_memory_budget_to_every_script(fake_demos):
@@ -179,6 +181,7 @@ def test_run_demos_jobs_run_smoke_scripts_at_once_and_print_each_whole_in_order(
 @pytest.mark.parametrize("args, says", [
     (["--jobs", "2"], "--jobs above 1 needs --smoke"),
     (["--jobs", "0", "--smoke"], "--jobs must be a whole number >= 1, got 0"),
+    (["--recorded-steps", "0"], "--recorded-steps must be a whole number >= 1, got 0"),
     (["--memory-budget-gb", "0"], "--memory-budget-gb must be a number > 0, got 0.0")])
 def test_run_demos_bad_jobs_or_budget_is_one_line_and_exit_code_2(fake_demos, capsys, args,
                                                                   says):
