@@ -8,8 +8,8 @@ the waterfall for each rung of a ladder):
   time; or, where the GPU alone was busy that much longer a recorded step (gpu_busy_ratio), the
   recorded steps held more GPU work or met a slower GPU;
 - the timed steps' data wait and the recorded steps' DataLoader share more than
-  DATA_WAIT_GAP_POINTS apart: the trace misses a wait the timed steps had (or shows one they did
-  not), and the dataloader rule, which reads the trace, with it.
+  DATA_WAIT_GAP_POINTS apart: the trace understates a wait the timed steps had (or exaggerates
+  it), and the dataloader rule, which reads the trace, may say otherwise than the timed wait.
 
 Imports no torch."""
 from __future__ import annotations
@@ -69,24 +69,31 @@ def overhead_warning(overhead: float | None, busy: float | None, trust: str) -> 
 
 def data_wait_warning(summary: dict, analysis: dict) -> str | None:
     """The timed steps' data wait against the recorded steps' DataLoader share, where both are
-    there (a trace without DataLoader spans says nothing of a loader); a wide spread of the timed
-    steps (STEP_SPREAD_MAX) adds that the batches came in bursts, which a few recorded steps can
-    fall between."""
+    there (a trace with no loader span at all says nothing of a loader: its data came another
+    way); a wide spread of the timed steps (STEP_SPREAD_MAX) adds that the batches came in bursts,
+    which a few recorded steps can fall between; where the two stand on either side of the
+    dataloader rule's threshold, what the rule would say by the timed wait."""
     timed, recorded = summary.get("data_wait_pct"), analysis.get("dataloader_pct")
-    if timed is None or recorded is None or analysis.get("dataloader_workers") is None:
+    if timed is None or recorded is None:
+        return None
+    if recorded == 0 and analysis.get("dataloader_workers") is None:  # no loader span
         return None
     if abs(timed - recorded) <= DATA_WAIT_GAP_POINTS:
         return None
-    missed = timed > recorded
+    less = timed > recorded
     p50, p95 = summary.get("step_ms_p50"), summary.get("step_ms_p95")
     bursts = (f"; their p95 is {p95 / p50:.2f}x their p50: the batches came in bursts, which "
               f"{analysis['steps']} recorded steps can fall between (record more: "
               f"--recorded-steps)"
-              if missed and p50 and p95 and p95 / p50 > STEP_SPREAD_MAX else "")
+              if less and p50 and p95 and p95 / p50 > STEP_SPREAD_MAX else "")
+    fires = timed >= DATALOADER_SHARE_MIN_PCT
+    rule = (f"; by the timed wait the dataloader rule (>= {DATALOADER_SHARE_MIN_PCT:.0f} %) "
+            f"would {'fire' if fires else 'stay silent'}"
+            if fires != (recorded >= DATALOADER_SHARE_MIN_PCT) else "")
     return (f"the timed steps waited for data {timed:.1f} % of the time, the recorded steps "
             f"{recorded:.1f} % (DataLoader share; warn above a {DATA_WAIT_GAP_POINTS:.0f}-point "
-            f"gap): the trace {'misses' if missed else 'exaggerates'} the wait, and so may its "
-            f"dataloader verdict; trust the timed steps' wait{bursts}")
+            f"gap): the trace {'understates' if less else 'exaggerates'} the wait; trust the "
+            f"timed steps' wait{rule}{bursts}")
 
 
 def recorded_warnings(summary: dict, analysis: dict, trust: str) -> list[str]:

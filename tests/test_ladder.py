@@ -166,9 +166,9 @@ def test_the_chain_on_the_committed_h100_run():
     idles between short kernels at 16 images (small_batch); at batch 256 batch norm and
     element-wise kernels fill the window, on FP32 data first (BF16), then in BF16 (compile); with
     the jitter on the GPU, AdamW's loop (the fused optimizer). Rung 4 breaks the chain: its timed
-    steps waited for data, but under the rule's share, and in its profiled steps the GPU ran
-    slower (busy longer a step than a whole timed step took) and the workers kept up, so the
-    trace names AdamW's loop; the jitter's rung still gained more than the fused optimizer's.
+    steps waited for data, but under the rule's share, and its recorded steps did not wait (the
+    GPU busy longer a step than a whole timed step took; the steps between a loader's bursts), so
+    the trace names AdamW's loop; the jitter's rung still gained more than the fused optimizer's.
     The target: at least 10x more samples/s from rung 0 to the last."""
     rows = ladder.ladder_rows(H100_REFERENCE)
     assert {row["device"] for row in rows} == {"cuda"}

@@ -247,5 +247,5 @@ def test_run_demos_takes_a_rung_out_of_memory_as_a_result(tmp_path, monkeypatch,
 
     monkeypatch.setattr(run_demos.subprocess, "run", script)
     flags = Namespace(device="cuda", out=tmp_path, smoke=True, with_stack=False, steps=None,
-                      seed=None, memory_budget_gb=None)
+                      seed=None, memory_budget_gb=None, recorded_steps=None)
     assert run_demos.run_variant("memory_ladder", "rung0_baseline", flags) is counts_as_run
