@@ -5,8 +5,8 @@ the waterfall for each rung of a ladder):
 
 - the profiled step p50 over the timed p50 (profiler_overhead_ratio) above
   trace.PROFILER_OVERHEAD_WARN_RATIO: the profiler's cost per operator inflates the trace's CPU
-  time; or, where the GPU alone was busy that much longer a recorded step (gpu_busy_ratio), the
-  recorded steps held more GPU work or met a slower GPU;
+  time; and where the GPU alone was busy longer a recorded step than a whole timed step took
+  (gpu_busy_ratio above 1), the recorded steps held more GPU work or met a slower GPU;
 - the timed steps' data wait and the recorded steps' DataLoader share more than
   DATA_WAIT_GAP_POINTS apart: the trace understates a wait the timed steps had (or exaggerates
   it), and the dataloader rule, which reads the trace, may say otherwise than the timed wait.
@@ -54,15 +54,16 @@ def gpu_busy_ratio(summary: dict, analysis: dict) -> float | None:
 
 
 def overhead_warning(overhead: float | None, busy: float | None, trust: str) -> str | None:
-    """The profiled steps' p50 against the timed p50 (`overhead`), and why they differ: the
-    GPU's busy time a recorded step (`busy`, gpu_busy_ratio) held to the same bound, or the
-    profiler's cost on the CPU. `trust`: what the run's speed is read from ("samples/s")."""
+    """The profiled steps' p50 against the timed p50 (`overhead`), and why they differ: where
+    the GPU alone was busy longer a recorded step than a whole timed step took (`busy`,
+    gpu_busy_ratio, above 1), which no cost on the host explains, that part is the GPU's; the
+    rest is the profiler's cost on the CPU. `trust`: what the run's speed is read from."""
     if overhead is None or overhead <= trace.PROFILER_OVERHEAD_WARN_RATIO:
         return None
-    why = ("the trace exaggerates CPU time" if busy is None
-           or busy <= trace.PROFILER_OVERHEAD_WARN_RATIO
+    why = ("the trace exaggerates CPU time" if busy is None or busy <= 1
            else f"the GPU alone was busy {busy:.2f}x the timed step p50 a recorded step (more "
-                f"GPU work in those steps, or a GPU that ran slower while recorded)")
+                f"GPU work in those steps, or a GPU that ran slower while recorded), the "
+                f"profiler's CPU cost the remainder")
     return (f"profiled steps ran {overhead:.2f}x the timed step p50 (warn above "
             f"{trace.PROFILER_OVERHEAD_WARN_RATIO}x): {why}; trust {trust}")
 

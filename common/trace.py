@@ -41,7 +41,7 @@ DATAPIPE_PREFIX = "enumerate(DataPipe)#"
 # summary.json's profiler_overhead_ratio (profiled step p50 / timed step p50) above which the
 # recorded steps no longer stand for the timed ones: record_shapes and profile_memory add CPU time
 # to every operator (1.1-2.3x measured on CPU-bound demos here); 1.2 leaves room for run-to-run noise.
-# recorded.py holds the GPU's busy time a recorded step ÷ the timed p50 (gpu_busy_ratio) to it too.
+# Above it, recorded.py says how much the GPU's busy time a recorded step explains (gpu_busy_ratio).
 PROFILER_OVERHEAD_WARN_RATIO = 1.2
 
 

@@ -121,6 +121,21 @@ def stop_smoke(started: SmokeStarted) -> None:
         started.process.wait()
 
 
+def stop_smoke_on_sigterm(started: SmokeStarted):
+    """SIGTERM (a CI timeout, a kill) ends pytest without its teardown, and the smoke run, in a
+    process group of its own, would outlive it: stop it first, then end as SIGTERM ends us.
+    Returns the handler it replaced, to put back."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop_then_end(signum, frame) -> None:
+        stop_smoke(started)
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop_then_end)
+    return previous
+
+
 @pytest.fixture(scope="session", autouse=True)
 def smoke_started(request, profiler_logdir):
     """./scripts/run_demos.sh --smoke --device cpu --jobs 2, started in the background when a
@@ -131,9 +146,11 @@ def smoke_started(request, profiler_logdir):
         yield None
         return
     started = start_smoke(profiler_logdir)
+    previous = stop_smoke_on_sigterm(started)
     try:
         yield started
     finally:
+        signal.signal(signal.SIGTERM, previous)
         stop_smoke(started)
 
 

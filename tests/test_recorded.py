@@ -76,6 +76,22 @@ def test_the_bursts_are_named_only_where_the_timed_steps_spread(spread, bursts):
     assert "bursts" not in shown
 
 
+@pytest.mark.parametrize("busy, gpu_named", [(None, False), (0.5, False), (1.0, False),
+                                            (1.01, True), (2.0, True)])
+def test_the_overhead_warning_names_the_gpu_where_it_was_busy_longer_than_a_timed_step(
+        busy, gpu_named):
+    """A recorded step that keeps the GPU busy longer than a whole timed step took holds more GPU
+    work or met a slower GPU: no cost on the host does that. At or under 1 the host's share
+    explains it all; over the warning's ratio alone there is no warning."""
+    over = trace.PROFILER_OVERHEAD_WARN_RATIO + 0.1
+    found = recorded.overhead_warning(over, busy, "samples/s")
+    assert found.startswith(f"profiled steps ran {over:.2f}x the timed step p50")
+    assert found.endswith("; trust samples/s")
+    assert ("the GPU alone was busy" in found) == gpu_named
+    assert ("the trace exaggerates CPU time" in found) == (not gpu_named)
+    assert recorded.overhead_warning(trace.PROFILER_OVERHEAD_WARN_RATIO, busy, "samples/s") is None
+
+
 def reference_runs() -> list:
     return sorted(path.parent for path in REFERENCE.rglob(trace.SUMMARY_FILE))
 
@@ -118,3 +134,9 @@ def test_the_waterfall_prints_each_rung_s_warnings_under_it():
             printed.append(line.strip().removeprefix("warning: "))
         assert printed == row["warnings"]
     assert any("waited for data" in line for line in rows[4]["warnings"])
+    # rung 4's GPU was busy 1.12x its timed p50 a recorded step: half its 1.24x, said as the GPU's
+    rung4 = H100_LADDER / rows[4]["rung"]
+    busy = recorded.gpu_busy_ratio(json.loads((rung4 / trace.SUMMARY_FILE).read_text()),
+                                   analyze.analyze_trace(rung4))
+    assert 1 < busy < trace.PROFILER_OVERHEAD_WARN_RATIO
+    assert f"the GPU alone was busy {busy:.2f}x the timed step p50" in rows[4]["warnings"][0]
