@@ -10,7 +10,7 @@ come from the trace the summary names (trace_file), through common.analyze. Both
 their conditions (device, device_name, preset, torch_version): a pair that does not is an error,
 not a comparison. A run whose recorded steps do not stand for its timed ones gets a warning
 (common/recorded.py): profiled steps much slower than the timed ones, or a data wait that the
-trace misses or exaggerates.
+trace understates or exaggerates.
 
 BEFORE and AFTER are any two traces, or run folders (the newest trace in each; a summary.json
 beside it, as harness.profile_loop writes for your own loop, adds its timed numbers): step time,

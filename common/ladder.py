@@ -148,7 +148,7 @@ def format_waterfall(rows: list[dict]) -> str:
             f"vs rung 0: {ratio_words(row['vs_first'])}")
         lines.append(f"{'':<24} verdicts: {', '.join(row['verdicts']) or 'none'}; top: {top}; "
                      f"chain: {chain_words(row['chain'])}")
-        lines += [f"{'':<24} warning: {warning}" for warning in row.get("warnings", [])]
+        lines += [f"{'':<24} warning: {warning}" for warning in row["warnings"]]
     return "\n".join(lines)
 
 
