@@ -86,11 +86,11 @@ class JpegImages(Dataset):
 
 
 def augmented_images(run, uint8: bool = False, jitter: bool = True) -> JpegImages:
-    """Exactly enough samples for one run (warm-up, timed and profiled steps), so no epoch
-    restarts in the middle of a measurement. uint8, jitter: see JpegImages."""
+    """Enough samples for one run (warm-up, timed and profiled steps, run.loader_steps), so no
+    epoch restarts in the middle of a measurement. uint8, jitter: see JpegImages."""
     run.config["batch_dtype"] = "uint8" if uint8 else "float32"
     sizes = {key: value for key, value in run.sizes.items() if key != "resnet_depth"}  # model's
-    return JpegImages(length=run.total_steps * run.batch_size, seed=run.seed, uint8=uint8,
+    return JpegImages(length=run.loader_steps * run.batch_size, seed=run.seed, uint8=uint8,
                       jitter=jitter, **sizes)
 
 

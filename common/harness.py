@@ -103,9 +103,10 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="timed steps (default: the preset's)")
     parser.add_argument("--recorded-steps", type=positive_int, default=None, metavar="N",
-                        help="steps the profiler records (default: the preset's, 3 for most "
-                             "demos): more catch what a few steps can miss, such as a loader's "
-                             "bursts, at a larger trace")
+                        help="steps the profiler records, exactly (default: the preset's, 3 for "
+                             "most demos, or one round of the DataLoader's workers where the "
+                             "timed steps waited for them in bursts, which fewer steps can fall "
+                             "between): more catch more, at a larger trace")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output root (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -205,7 +206,8 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
               cprofile=flags.cprofile, compile_log=compile_log,
               memory_snapshot=device.type == "cuda" and (flags.memory_snapshot
                                                          or demo in MEMORY_SNAPSHOT_DEMOS_CUDA),
-              memory_budget_mb=budget_mb)
+              memory_budget_mb=budget_mb,
+              recorded_steps_given=flags.recorded_steps is not None)
     stop_on_out_of_memory(run)
     return run
 

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
@@ -314,6 +315,42 @@ def stop_on_out_of_memory(run: Run) -> None:
     sys.excepthook = hook
 
 
+def loader_round_steps(recorded: int, workers: int, data_wait_pct: float | None,
+                       step_ms_p50: float, step_ms_p95: float) -> int:
+    """Steps to record so that the trace's DataLoader share stands for the timed data wait.
+    `workers` processes that fall behind the step deliver in rounds: they start together and
+    finish a batch each at about the same time, so the step waits once every `workers` batches
+    (a timed p95 above trace.STEP_SPREAD_MAX times the p50). Fewer recorded steps than that hold
+    either no wait (the trace shows none) or a whole round's wait in `recorded` steps (up to
+    workers / recorded times the share). Where either could miss the timed wait by more than
+    trace.DATA_WAIT_GAP_POINTS, the gap at which compare warns: one round, `workers` steps;
+    else `recorded`. A steady wait (every step a little) is read right by any few steps."""
+    if workers <= recorded or not data_wait_pct or not step_ms_p50:
+        return recorded
+    if step_ms_p95 <= trace.STEP_SPREAD_MAX * step_ms_p50:
+        return recorded
+    worst_gap_points = data_wait_pct * max(1.0, workers / recorded - 1)
+    return workers if worst_gap_points > trace.DATA_WAIT_GAP_POINTS else recorded
+
+
+def record_a_loader_round(run: Run, step_ms: np.ndarray, data_wait_pct: float | None) -> None:
+    """After the timed steps: where they waited on a DataLoader's workers in bursts
+    (loader_round_steps), the profiler records one round of the workers instead of the preset's
+    few steps, and a note says why; --recorded-steps is kept as given."""
+    workers = run.config.get("num_workers") or 0
+    if run.recorded_steps_given or not workers or data_wait_pct is None:
+        return
+    p50, p95 = (float(value) for value in np.percentile(step_ms, [50, 95]))
+    steps = loader_round_steps(run.recorded_steps, workers, data_wait_pct, p50, p95)
+    if steps == run.recorded_steps:
+        return
+    run.notes.append(f"the timed steps waited for data {data_wait_pct:.1f} % of the time, in "
+                     f"bursts (p95 {p95 / p50:.2f}x the p50): the profiler records {steps} "
+                     f"steps, a round of the {workers} DataLoader workers, not "
+                     f"{run.recorded_steps}, which could fall between the bursts")
+    run.preset = replace(run.preset, recorded_steps=steps)
+
+
 def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     log(run, f"{run.device.type} ({run.device_name}), torch {torch.__version__}, "
              f"preset {run.preset_name}, batch {run.batch_size}")
@@ -368,6 +405,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
                      else 100.0 * (run.data_wait_s - data_wait_before_s) / wall_s)
     inference = (inference_numbers(run.requests, requests_before, wall_s)
                  if run.requests else {"unit": "sample"})
+    record_a_loader_round(run, step_ms, data_wait_pct)
     log(run, f"profiling: {run.profiled_steps} steps ({run.recorded_steps} recorded)")
     trace_path, profiled_ms, memory_by_step = profiled_steps(run, step)
     if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed
@@ -423,6 +461,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         "step_ms_p95": float(np.percentile(step_ms, 95)),
         "timed_wall_s": wall_s,
         "data_wait_pct": data_wait_pct,
+        "recorded_steps": run.recorded_steps,
         "profiled_step_ms_p50": profiled_step_ms_p50,
         "profiler_overhead_ratio": overhead_ratio,
         "first_step_s": first_step_s, "warmup_s": warmup_s,

@@ -8,25 +8,16 @@ the waterfall for each rung of a ladder):
   time; and where the GPU alone was busy longer a recorded step than a whole timed step took
   (gpu_busy_ratio above 1), the recorded steps held more GPU work or met a slower GPU;
 - the timed steps' data wait and the recorded steps' DataLoader share more than
-  DATA_WAIT_GAP_POINTS apart: the trace understates a wait the timed steps had (or exaggerates
-  it), and the dataloader rule, which reads the trace, may say otherwise than the timed wait.
+  trace.DATA_WAIT_GAP_POINTS apart: the trace understates a wait the timed steps had (or
+  exaggerates it), and the dataloader rule, which reads the trace, may say otherwise than the
+  timed wait. (The harness records a round of a loader's workers where a few steps could miss
+  by that much: profiling.loader_round_steps.)
 
 Imports no torch."""
 from __future__ import annotations
 
 from common import trace
 from common.verdicts import DATALOADER_SHARE_MIN_PCT
-
-# A p95 more than half again the p50: steps differ more than most fixes gain (a DataLoader that
-# delivers in bursts, a sync on some steps), so one run's mean says little.
-STEP_SPREAD_MAX = 1.5
-# Points between the timed steps' data wait (the harness's clock around each fetch, a share of the
-# wall time) and the recorded steps' DataLoader share (the trace's, a share of the window): half
-# the dataloader rule's threshold, a gap that can carry a run across the rule. The profiler's cost
-# lengthens a recorded step and so thins its share of waiting a little: 7.2 points on the H100
-# reference's rung 0 of the ladder (70.1 % timed, 62.9 % recorded), the widest gap of its runs
-# but one.
-DATA_WAIT_GAP_POINTS = DATALOADER_SHARE_MIN_PCT / 2
 
 
 def profiler_overhead_ratio(summary: dict) -> float | None:
@@ -71,30 +62,31 @@ def overhead_warning(overhead: float | None, busy: float | None, trust: str) -> 
 def data_wait_warning(summary: dict, analysis: dict) -> str | None:
     """The timed steps' data wait against the recorded steps' DataLoader share, where both are
     there (a trace with no loader span at all says nothing of a loader: its data came another
-    way); a wide spread of the timed steps (STEP_SPREAD_MAX) adds that the batches came in bursts,
-    which a few recorded steps can fall between; where the two stand on either side of the
+    way); a wide spread of the timed steps (trace.STEP_SPREAD_MAX) adds that the batches came in
+    bursts, which a few recorded steps can fall between; where the two stand on either side of the
     dataloader rule's threshold, what the rule would say by the timed wait."""
     timed, recorded = summary.get("data_wait_pct"), analysis.get("dataloader_pct")
     if timed is None or recorded is None:
         return None
     if recorded == 0 and analysis.get("dataloader_workers") is None:  # no loader span
         return None
-    if abs(timed - recorded) <= DATA_WAIT_GAP_POINTS:
+    if abs(timed - recorded) <= trace.DATA_WAIT_GAP_POINTS:
         return None
     less = timed > recorded
     p50, p95 = summary.get("step_ms_p50"), summary.get("step_ms_p95")
     bursts = (f"; their p95 is {p95 / p50:.2f}x their p50: the batches came in bursts, which "
               f"{analysis['steps']} recorded steps can fall between (record more: "
               f"--recorded-steps)"
-              if less and p50 and p95 and p95 / p50 > STEP_SPREAD_MAX else "")
+              if less and p50 and p95 and p95 / p50 > trace.STEP_SPREAD_MAX else "")
     fires = timed >= DATALOADER_SHARE_MIN_PCT
     rule = (f"; by the timed wait the dataloader rule (>= {DATALOADER_SHARE_MIN_PCT:.0f} %) "
             f"would {'fire' if fires else 'stay silent'}"
             if fires != (recorded >= DATALOADER_SHARE_MIN_PCT) else "")
     return (f"the timed steps waited for data {timed:.1f} % of the time, the recorded steps "
-            f"{recorded:.1f} % (DataLoader share; warn above a {DATA_WAIT_GAP_POINTS:.0f}-point "
-            f"gap): the trace {'understates' if less else 'exaggerates'} the wait; trust the "
-            f"timed steps' wait{rule}{bursts}")
+            f"{recorded:.1f} % (DataLoader share; warn above a "
+            f"{trace.DATA_WAIT_GAP_POINTS:.0f}-point gap): the trace "
+            f"{'understates' if less else 'exaggerates'} the wait; trust the timed steps' "
+            f"wait{rule}{bursts}")
 
 
 def recorded_warnings(summary: dict, analysis: dict, trust: str) -> list[str]:

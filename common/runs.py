@@ -71,6 +71,9 @@ class Run:
     # batches (train_on_device's token_counts); None for every other demo.
     real_tokens: int | None = None
     padded_tokens: int | None = None
+    # --recorded-steps was given: the profiler records exactly that many (no round of a
+    # loader's workers added, profiling.record_a_loader_round).
+    recorded_steps_given: bool = False
     # A torchrun job (common/distributed.py): this process's rank, the number of ranks, and
     # what ran (backend and mode); rank 0 of 1 and None for every other demo.
     rank: int = 0
@@ -119,6 +122,16 @@ class Run:
     def total_steps(self) -> int:
         """Every step the run takes: warm-up, timed and profiled."""
         return self.preset.warmup_steps + self.steps + self.profiled_steps
+
+    @property
+    def loader_steps(self) -> int:
+        """Steps a DataLoader must feed in one epoch: every step, with the profiled phase at its
+        longest, a round of the most workers a preset gives (presets.MAX_LOADER_WORKERS) where
+        the harness records one (profiling.record_a_loader_round); a new epoch in the recorded
+        steps would make its workers start over, a wait of its own."""
+        longest = PROFILE_WAIT_STEPS + PROFILE_WARMUP_STEPS + max(self.recorded_steps,
+                                                                  presets.MAX_LOADER_WORKERS)
+        return self.preset.warmup_steps + self.steps + longest
 
     @property
     def is_cuda(self) -> bool:

@@ -43,6 +43,18 @@ DATAPIPE_PREFIX = "enumerate(DataPipe)#"
 # to every operator (1.1-2.3x measured on CPU-bound demos here); 1.2 leaves room for run-to-run noise.
 # Above it, recorded.py says how much the GPU's busy time a recorded step explains (gpu_busy_ratio).
 PROFILER_OVERHEAD_WARN_RATIO = 1.2
+# A p95 more than half again the p50: steps differ more than most fixes gain (a DataLoader that
+# delivers in bursts, a sync on some steps), so one run's mean says little.
+STEP_SPREAD_MAX = 1.5
+# Points between the timed steps' data wait (the harness's clock around each fetch, a share of the
+# wall time) and the recorded steps' DataLoader share (the trace's, a share of the window): half
+# the dataloader rule's threshold (verdicts.DATALOADER_SHARE_MIN_PCT, 20 %; a test holds the two
+# together), a gap that can carry a run across the rule. Above it recorded.py warns, and the
+# harness records a round of a loader's workers where a few steps could miss by more
+# (profiling.loader_round_steps). The profiler's cost lengthens a recorded step and so thins its
+# share of waiting a little: 7.2 points on the H100 reference's rung 0 of the ladder (70.1 %
+# timed, 62.9 % recorded), the widest gap of its runs but one.
+DATA_WAIT_GAP_POINTS = 10.0
 
 
 # The DataLoader's iterator when its batches come from worker processes (num_workers > 0), as

@@ -24,10 +24,10 @@ def loader_analysis(recorded_pct: float, workers: bool | None = True, steps: int
 
 
 @pytest.mark.parametrize("timed, recorded_pct, warns", [
-    (25.0, 25.0 - recorded.DATA_WAIT_GAP_POINTS, False),  # exactly the gap: no warning
-    (25.0, 25.0 - recorded.DATA_WAIT_GAP_POINTS - 0.01, True),
-    (5.0, 5.0 + recorded.DATA_WAIT_GAP_POINTS, False),
-    (5.0, 5.0 + recorded.DATA_WAIT_GAP_POINTS + 0.01, True)])
+    (25.0, 25.0 - trace.DATA_WAIT_GAP_POINTS, False),  # exactly the gap: no warning
+    (25.0, 25.0 - trace.DATA_WAIT_GAP_POINTS - 0.01, True),
+    (5.0, 5.0 + trace.DATA_WAIT_GAP_POINTS, False),
+    (5.0, 5.0 + trace.DATA_WAIT_GAP_POINTS + 0.01, True)])
 def test_the_data_wait_gap_warns_only_past_its_points(timed, recorded_pct, warns):
     found = recorded.data_wait_warning(wait_summary(timed), loader_analysis(recorded_pct))
     assert (found is not None) == warns
@@ -62,8 +62,8 @@ def test_no_data_wait_check_without_both_numbers():
     assert recorded.recorded_warnings({}, loader_analysis(50.0), "samples/s") == []
 
 
-@pytest.mark.parametrize("spread, bursts", [(recorded.STEP_SPREAD_MAX, False),
-                                            (recorded.STEP_SPREAD_MAX * 1.01, True)])
+@pytest.mark.parametrize("spread, bursts", [(trace.STEP_SPREAD_MAX, False),
+                                            (trace.STEP_SPREAD_MAX * 1.01, True)])
 def test_the_bursts_are_named_only_where_the_timed_steps_spread(spread, bursts):
     """p95 ÷ p50 past STEP_SPREAD_MAX: batches that come in bursts, which the few recorded steps
     (as many as the trace holds) can fall between. A trace that shows more wait than the timed

@@ -25,8 +25,8 @@ OTHER_THRESHOLDS = ("metrics.SHORT_KERNEL_US", "host_ops.CPU_SHORT_OP_US", "metr
                     "idle_causes.INIT_FIRST_LAUNCH_MIN_MS", "idle_causes.INIT_FIRST_CALL_MIN_MS",
                     "idle_causes.INIT_FIRST_CALL_RATIO", "idle_causes.INIT_MOSTLY_MIN_PCT",
                     "idle_causes.INIT_STEADY_MIN_PCT", "host_ops.HOST_OP_MIN_US", "compare.FEW_STEPS",
-                    "recorded.STEP_SPREAD_MAX",
-                    "recorded.DATA_WAIT_GAP_POINTS", "trace.PROFILER_OVERHEAD_WARN_RATIO",
+                    "trace.STEP_SPREAD_MAX",
+                    "trace.DATA_WAIT_GAP_POINTS", "trace.PROFILER_OVERHEAD_WARN_RATIO",
                     "memory.GROWTH_FIT_MIN_STEPS")
 # The constants each rule's "fires when" cell states as a number (a constant stated in words,
 # such as "launch-call time >= kernel time" for LAUNCH_TO_KERNEL_TIME_MIN, is left out).
