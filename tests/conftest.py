@@ -1,6 +1,7 @@
 """Shared fixtures: smoke runs of the demos (subprocesses, as a user runs them)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -20,6 +21,16 @@ from tests.synthetic_traces import gpu_training_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_RUN_TIMEOUT_S = 300  # a smoke run takes seconds; this only stops a hung run
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package), registered under its name:
+    dataclasses look their module up while it runs."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess:

@@ -11,10 +11,9 @@ import json
 import pytest
 
 from common import analyze, compare, ladder, profiling, recorded, trace, verdicts
-from tests.conftest import ROOT
-from tests.test_scripts import load_run_demos
+from tests.conftest import ROOT, load_script
 
-run_demos = load_run_demos()
+run_demos = load_script("run_demos")
 LADDER = ROOT / "demos" / "ladder"
 CPU_REFERENCE = ROOT / "traces" / "reference" / "cpu" / "ladder"
 H100_REFERENCE = ROOT / "traces" / "reference" / "h100" / "ladder"

@@ -2,7 +2,6 @@
 them in bursts, so that the trace's DataLoader share stands for the timed data wait."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from common import analyze, harness, presets, profiling, runs, trace, verdicts
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 from tests.test_harness import FakeClock
 
 ROUND = profiling.loader_round_steps
@@ -141,17 +140,9 @@ def test_the_images_last_through_a_round_of_the_most_workers(demo, preset):
     assert run.total_steps <= length
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("loader_bursts",
-                                                  ROOT / "scripts" / "loader_bursts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_benchmark_s_help_says_what_it_measures(capsys):
     with pytest.raises(SystemExit) as stop:
-        load_benchmark().main(["--help"])
+        load_script("loader_bursts").main(["--help"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert "fall between a DataLoader's bursts" in out and "--workers" in out
@@ -160,6 +151,6 @@ def test_the_benchmark_s_help_says_what_it_measures(capsys):
 @pytest.mark.parametrize("args", [["--workers", "1"], ["--repeats", "0"], ["--step-s", "0"]])
 def test_the_benchmark_s_bad_flags_are_one_line_and_exit_2(capsys, args):
     with pytest.raises(SystemExit) as stop:
-        load_benchmark().main(args)
+        load_script("loader_bursts").main(args)
     assert stop.value.code == 2
     assert ": error: --workers >= 2" in capsys.readouterr().err.strip().splitlines()[-1]

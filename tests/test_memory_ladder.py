@@ -16,11 +16,10 @@ import torch
 
 from common import compare, ladder, models, presets, profiling, report, trace
 from common.harness import training_step
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 from tests.test_ladder import FIX_MAX_CHANGED_LINES, code_lines
-from tests.test_scripts import load_run_demos
 
-run_demos = load_run_demos()
+run_demos = load_script("run_demos")
 MEMORY_LADDER = ROOT / "demos" / "memory_ladder"
 FIXES = ["bf16", "checkpointing", "accumulation", "sdpa"]
 # Each fix frees at least this share of the tensors' peak at smoke sizes (measured: 49 %, 41 %,

@@ -4,7 +4,6 @@ msgspec is absent) give the same results; gzip streams; the benchmark builds rea
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common import analyze, trace
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 from tests.kineto_builder import BF16_GEMM, ELEMENTWISE, KinetoTrace, simulate_training
 
 SHARED_TRACES = sorted((ROOT.parent / "shared" / "traces").glob("*.json.gz"))
@@ -230,18 +229,10 @@ def test_peak_memory_grows_by_less_than_the_trace_text(tmp_path):
     assert float(done.stdout) < text_mib
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_analyze",
-                                                  ROOT / "scripts" / "bench_analyze.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_benchmark_scales_a_real_shaped_trace(tmp_path, monkeypatch):
     """Copies shifted in time with fresh ids, the keys after traceEvents kept after it, integer
     timestamps kept integers, the size the target asks; the analyzer reads it once."""
-    bench = load_bench()
+    bench = load_script("bench_analyze")
     seed_trace = KinetoTrace()
     simulate_training(seed_trace, steps=3, kernels_per_step=10, peak_memory_bytes=1 << 30)
     seed = write_kineto_shaped(seed_trace, tmp_path / "seed.json.gz")

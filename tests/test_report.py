@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import importlib.util
 import json
 import math
 import os
@@ -18,16 +17,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from common import ladder, report
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def load_run_demos():
-    spec = importlib.util.spec_from_file_location("run_demos", ROOT / "scripts" / "run_demos.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -128,7 +120,7 @@ def fresh_summaries(out, demo):
 def test_run_demos_writes_the_report_of_this_run_only(pairs_out, monkeypatch, capsys, outcome):
     """run_demos.py with the scripts replaced: a pair's section is current only when both of its
     scripts succeeded in this run and wrote new summaries."""
-    run_demos = load_run_demos()
+    run_demos = load_script("run_demos")
     monkeypatch.setattr(run_demos, "available_demos", lambda: ["small_batch"])
 
     def fake_run(demo, variant, flags):
@@ -176,7 +168,6 @@ def test_report_command_line(pairs_out, tmp_path, capsys):
     assert sorted(sections((pairs_out / report.REPORT_MD).read_text())) == ["small_batch"]
     assert report.main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
-
 
 
 # --- A ladder: its waterfall, from the committed CPU runs of its rungs. --------------------------

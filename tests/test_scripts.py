@@ -5,7 +5,6 @@ seconds."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -18,20 +17,12 @@ from types import SimpleNamespace
 import pytest
 
 from common import tensorboard_compat
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 from tests.kineto_builder import KinetoTrace, simulate_training, write_demo_run
 from tests.synthetic_traces import gpu_training_trace
 
 SCRIPT_TIMEOUT_S = 120  # each script here answers in seconds; this only stops a hang
 PROJECT_MODULES = ["torch", "torchvision", "numpy", "matplotlib", "tensorboard"]  # scripts/_venv.sh
-
-
-def load_run_demos():
-    """scripts/run_demos.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("run_demos", ROOT / "scripts" / "run_demos.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def one_line(text: str) -> str:
@@ -75,7 +66,7 @@ def fake_demos(tmp_path, monkeypatch):
     """run_demos.py with its demos in tmp_path/demos; add(name, bad=..., fixed=...) makes a pair.
     The scripts run from tmp_path/root, standing in for the repository root (run_demos.ROOT), so
     a run that got --out wrong writes there, not into the repository."""
-    run_demos = load_run_demos()
+    run_demos = load_script("run_demos")
     monkeypatch.setattr(run_demos, "DEMOS_DIR", tmp_path / "demos")
     monkeypatch.setattr(run_demos, "ROOT", tmp_path / "root")
     run_demos.ROOT.mkdir()
@@ -368,7 +359,7 @@ def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "PytestUnknownMarkWarning" not in result.stdout + result.stderr
     collected = {line for line in result.stdout.splitlines() if "::" in line}
-    run_demos = load_run_demos()
+    run_demos = load_script("run_demos")
     demos = run_demos.available_demos()
     pairs = [demo for demo in demos if not run_demos.rungs_of(demo)]
     expected = {f"tests/test_cuda.py::test_pair_runs_on_the_gpu[{demo}]" for demo in pairs}

@@ -12,7 +12,6 @@ ladder.memory_rows' peaks."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
 import struct
@@ -25,7 +24,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from common import analyze, ladder, report
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "walkthrough_figures.py"
 REFERENCE = ROOT / "traces" / "reference" / "h100"
@@ -53,16 +52,7 @@ needs_cpu_memory_ladder = pytest.mark.skipif(not (CPU_REFERENCE / "memory_ladder
                                              reason="no CPU run of the memory ladder committed")
 
 
-def load_script():
-    """scripts/walkthrough_figures.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("walkthrough_figures", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it runs
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = load_script()
+figures = load_script("walkthrough_figures")
 # The pairs a reference has (the H100's, else a CPU run): a pair added since gets its picture
 # with its first reference run.
 DRAWN = [demo for demo in figures.DEMOS if figures.reference_of(demo) is not None]
