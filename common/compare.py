@@ -383,9 +383,9 @@ def before_after_warnings(comparison: dict) -> list[str]:
                             f"the parts of the step, not its total")
         p50, p95 = ((summary["step_ms_p50"], summary["step_ms_p95"]) if summary
                     else (analysis["step_ms"]["p50"], analysis["step_ms"]["p95"]))
-        if p50 and p95 / p50 > trace.STEP_SPREAD_MAX:
+        if p50 and p95 / p50 > recorded.STEP_SPREAD_MAX:
             warnings.append(f"{label}: steps vary (p95 {p95:.1f} ms is {p95 / p50:.2f}x the p50 "
-                            f"{p50:.1f} ms; warn above {trace.STEP_SPREAD_MAX}x): one run's "
+                            f"{p50:.1f} ms; warn above {recorded.STEP_SPREAD_MAX}x): one run's "
                             f"mean says little, measure more steps")
     old, new = (comparison[label]["analysis"] for label in comparison["variants"])
     if (old["device"], old["gpu_name"]) != (new["device"], new["gpu_name"]):

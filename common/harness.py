@@ -104,9 +104,10 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                         help="timed steps (default: the preset's)")
     parser.add_argument("--recorded-steps", type=positive_int, default=None, metavar="N",
                         help="steps the profiler records, exactly (default: the preset's, 3 for "
-                             "most demos, or one round of the DataLoader's workers where the "
-                             "timed steps waited for them in bursts, which fewer steps can fall "
-                             "between): more catch more, at a larger trace")
+                             "most demos, or one round of the DataLoader's workers where that "
+                             "many timed steps in a row misread the data wait by more than 10 "
+                             "points: the workers deliver in bursts): more catch more, at a "
+                             "larger trace")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output root (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -247,14 +248,14 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
             return nullcontext()
         return torch.autocast(run.device.type, dtype=autocast_dtype)
 
-    run.data_wait_s = 0.0
+    run.data_waits_s = []
 
     def step() -> None:
         with record_function("data"):
             fetch_started = time.perf_counter()
             batch = next_batch()
             args = step_args()
-            run.data_wait_s += time.perf_counter() - fetch_started
+            run.data_waits_s.append(time.perf_counter() - fetch_started)
             inputs, targets = to_device(batch)
         parts = ([(inputs, targets)] if micro_batches == 1  # inputs of any kind (a tuple too)
                  else zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))

@@ -315,39 +315,51 @@ def stop_on_out_of_memory(run: Run) -> None:
     sys.excepthook = hook
 
 
-def loader_round_steps(recorded: int, workers: int, data_wait_pct: float | None,
-                       step_ms_p50: float, step_ms_p95: float) -> int:
-    """Steps to record so that the trace's DataLoader share stands for the timed data wait.
-    `workers` processes that fall behind the step deliver in rounds: they start together and
-    finish a batch each at about the same time, so the step waits once every `workers` batches
-    (a timed p95 above trace.STEP_SPREAD_MAX times the p50). Fewer recorded steps than that hold
-    either no wait (the trace shows none) or a whole round's wait in `recorded` steps (up to
-    workers / recorded times the share). Where either could miss the timed wait by more than
-    trace.DATA_WAIT_GAP_POINTS, the gap at which compare warns: one round, `workers` steps;
-    else `recorded`. A steady wait (every step a little) is read right by any few steps."""
-    if workers <= recorded or not data_wait_pct or not step_ms_p50:
-        return recorded
-    if step_ms_p95 <= trace.STEP_SPREAD_MAX * step_ms_p50:
-        return recorded
-    worst_gap_points = data_wait_pct * max(1.0, workers / recorded - 1)
-    return workers if worst_gap_points > trace.DATA_WAIT_GAP_POINTS else recorded
+def window_wait_shares_pct(step_ms: np.ndarray, wait_ms: np.ndarray, window: int) -> np.ndarray:
+    """The data wait share of each run of `window` consecutive steps: their waits over their
+    time, in %; empty with fewer steps than the window."""
+    if len(step_ms) < window:
+        return np.empty(0)
+    time_ms = np.concatenate(([0.0], np.cumsum(step_ms)))
+    waited_ms = np.concatenate(([0.0], np.cumsum(wait_ms)))
+    spans_ms = time_ms[window:] - time_ms[:-window]
+    return np.divide(100 * (waited_ms[window:] - waited_ms[:-window]), spans_ms,
+                     out=np.zeros_like(spans_ms), where=spans_ms > 0)
 
 
-def record_a_loader_round(run: Run, step_ms: np.ndarray, data_wait_pct: float | None) -> None:
-    """After the timed steps: where they waited on a DataLoader's workers in bursts
-    (loader_round_steps), the profiler records one round of the workers instead of the preset's
-    few steps, and a note says why; --recorded-steps is kept as given."""
+def loader_round_steps(recorded: int, workers: int, step_ms: np.ndarray,
+                       wait_ms: np.ndarray) -> int:
+    """Steps to record so that the trace's DataLoader share stands for the timed data wait
+    (`step_ms`, `wait_ms`: each timed step's time and its wait for a batch). Workers that fall
+    behind the step deliver in rounds: they start together and finish a batch each at about the
+    same time, so the step waits once every `workers` batches, and fewer steps than that hold no
+    wait or a round's whole wait. Where some `recorded` consecutive timed steps waited more than
+    trace.DATA_WAIT_GAP_POINTS (the gap at which compare warns) off the share of all of them:
+    one round, `workers` steps; else `recorded`."""
+    shares = window_wait_shares_pct(step_ms, wait_ms, recorded)
+    if workers <= recorded or not shares.size or step_ms.sum() <= 0:
+        return recorded
+    gap_points = np.abs(shares - 100 * wait_ms.sum() / step_ms.sum()).max()
+    return workers if gap_points > trace.DATA_WAIT_GAP_POINTS else recorded
+
+
+def record_a_loader_round(run: Run, step_ms: np.ndarray, wait_ms: np.ndarray | None) -> None:
+    """After the timed steps: where a few of them misread their data wait (loader_round_steps),
+    the profiler records one round of the DataLoader's workers instead, and a note says why.
+    Not for --recorded-steps (kept as given), more workers than the images last for
+    (runs.Run.loader_steps), or ranks (each would decide alone, and a collective waits for all)."""
     workers = run.config.get("num_workers") or 0
-    if run.recorded_steps_given or not workers or data_wait_pct is None:
+    if (run.recorded_steps_given or wait_ms is None or run.distributed
+            or not 0 < workers <= presets.MAX_LOADER_WORKERS):
         return
-    p50, p95 = (float(value) for value in np.percentile(step_ms, [50, 95]))
-    steps = loader_round_steps(run.recorded_steps, workers, data_wait_pct, p50, p95)
+    steps = loader_round_steps(run.recorded_steps, workers, step_ms, wait_ms)
     if steps == run.recorded_steps:
         return
-    run.notes.append(f"the timed steps waited for data {data_wait_pct:.1f} % of the time, in "
-                     f"bursts (p95 {p95 / p50:.2f}x the p50): the profiler records {steps} "
-                     f"steps, a round of the {workers} DataLoader workers, not "
-                     f"{run.recorded_steps}, which could fall between the bursts")
+    shares = window_wait_shares_pct(step_ms, wait_ms, run.recorded_steps)
+    run.notes.append(f"{run.recorded_steps} timed steps in a row waited for data from "
+                     f"{shares.min():.1f} to {shares.max():.1f} % of their time: the {workers} "
+                     f"DataLoader workers deliver in bursts, so the profiler records {steps} "
+                     f"steps, a round of them")
     run.preset = replace(run.preset, recorded_steps=steps)
 
 
@@ -384,7 +396,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     if run.is_cuda:
         torch.cuda.reset_peak_memory_stats(run.device)
     log(run, f"timed: {run.steps} steps without the profiler")
-    data_wait_before_s = run.data_wait_s
+    waits_before = None if run.data_waits_s is None else len(run.data_waits_s)
     tokens_before = (run.real_tokens, run.padded_tokens)
     requests_before = run.requests.mark() if run.requests else None
     profiler = cProfile.Profile() if run.cprofile else None
@@ -401,11 +413,12 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     if run.real_tokens is not None:  # over the timed steps, like samples/s
         real, padded = run.real_tokens - tokens_before[0], run.padded_tokens - tokens_before[1]
         tokens_per_s, padding_pct = real / wall_s, 100.0 * (1 - real / padded)
-    data_wait_pct = (None if run.data_wait_s is None
-                     else 100.0 * (run.data_wait_s - data_wait_before_s) / wall_s)
+    wait_ms = (None if waits_before is None  # each timed step's
+               else 1000 * np.asarray(run.data_waits_s[waits_before:], dtype=float))
+    data_wait_pct = None if wait_ms is None else 100.0 * wait_ms.sum() / 1000 / wall_s
     inference = (inference_numbers(run.requests, requests_before, wall_s)
                  if run.requests else {"unit": "sample"})
-    record_a_loader_round(run, step_ms, data_wait_pct)
+    record_a_loader_round(run, step_ms, wait_ms)
     log(run, f"profiling: {run.profiled_steps} steps ({run.recorded_steps} recorded)")
     trace_path, profiled_ms, memory_by_step = profiled_steps(run, step)
     if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed

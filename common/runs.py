@@ -13,7 +13,8 @@ import torch
 from common import presets, trace
 
 # Profiler schedule: let the profiler warm up on one step, record three. Few recorded steps keep a
-# trace small enough for a browser; throughput comes from the timed phase. No step is skipped
+# trace small enough for a browser (a loader's round, where the harness records one, is 14 steps
+# of the H100's 14 workers); throughput comes from the timed phase. No step is skipped
 # first: the phase starts on an empty GPU queue (clocked_steps syncs), and CUPTI records only the
 # kernels launched while it is on (from the warm-up step). With a skipped step, a GPU-bound loop
 # more than a step ahead of the host ran that step's kernels inside the recording, unrecorded:
@@ -64,9 +65,9 @@ class Run:
     config: dict = field(default_factory=dict)  # what differs between bad and fixed
     extra: dict = field(default_factory=dict)  # demo-specific facts, written to summary["extra"]
     notes: list[str] = field(default_factory=list)  # sentences for the reader: printed and saved
-    # Seconds the training step spent getting its batch (training_step adds to it); None for a
-    # demo that writes its own step.
-    data_wait_s: float | None = None
+    # Seconds each training step spent getting its batch, in step order (training_step appends
+    # to it); None for a demo that writes its own step.
+    data_waits_s: list[float] | None = None
     # Tokens in the batches taken so far, real and with padding, for a demo of variable-length
     # batches (train_on_device's token_counts); None for every other demo.
     real_tokens: int | None = None
@@ -99,6 +100,11 @@ class Run:
     profile_all_threads: bool = False
     # An inference demo's clocks per request (generate, serve_texts); None for training.
     requests: Requests | None = None
+
+    @property
+    def data_wait_s(self) -> float | None:
+        """Seconds all steps so far spent getting their batches; None without a training step."""
+        return None if self.data_waits_s is None else sum(self.data_waits_s)
 
     @property
     def batch_size(self) -> int:

@@ -43,9 +43,6 @@ DATAPIPE_PREFIX = "enumerate(DataPipe)#"
 # to every operator (1.1-2.3x measured on CPU-bound demos here); 1.2 leaves room for run-to-run noise.
 # Above it, recorded.py says how much the GPU's busy time a recorded step explains (gpu_busy_ratio).
 PROFILER_OVERHEAD_WARN_RATIO = 1.2
-# A p95 more than half again the p50: steps differ more than most fixes gain (a DataLoader that
-# delivers in bursts, a sync on some steps), so one run's mean says little.
-STEP_SPREAD_MAX = 1.5
 # Points between the timed steps' data wait (the harness's clock around each fetch, a share of the
 # wall time) and the recorded steps' DataLoader share (the trace's, a share of the window): half
 # the dataloader rule's threshold (verdicts.DATALOADER_SHARE_MIN_PCT, 20 %; a test holds the two

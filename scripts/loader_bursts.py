@@ -10,7 +10,7 @@ steps (--recorded-steps 3), and with the harness's own choice (a round of the wo
 timed steps waited in bursts: profiling.loader_round_steps). It prints, per run, the timed data
 wait, the trace's DataLoader share (python -m common.analyze) and the steps recorded.
 
-  .venv/bin/python scripts/loader_bursts.py                    (8 workers, 3 repeats, ~2 min)
+  .venv/bin/python scripts/loader_bursts.py                    (8 workers, 3 repeats, about a minute)
   .venv/bin/python scripts/loader_bursts.py --workers 14 --repeats 1
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file, from any directory
 
-from common import analyze, harness  # noqa: E402
+from common import analyze, harness
 
 BATCH = 8
 TIMED_STEPS = 56  # 7 rounds of 8 workers: the timed wait is a whole number of bursts

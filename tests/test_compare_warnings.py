@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import compare, trace
+from common import compare, recorded
 
 
 def side(steps: int = compare.FEW_STEPS, p50: float = 2.0, p95: float = 2.0,
@@ -45,7 +45,7 @@ def test_few_steps_in_the_trace_do_not_matter_with_a_timed_summary():
                          ids=["at", "above"])
 def test_a_wide_spread_warns_above_its_limit(summary, factor, warns):
     """p50 2 ms, p95 at STEP_SPREAD_MAX times it (exact in binary: 3.0) or a hair above."""
-    p95 = 2.0 * trace.STEP_SPREAD_MAX * factor
+    p95 = 2.0 * recorded.STEP_SPREAD_MAX * factor
     found = warnings_of(side(p95=p95, summary=summary), side(summary=summary))
     assert [w.startswith("before: steps vary") for w in found] == ([True] if warns else [])
 

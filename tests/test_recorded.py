@@ -62,8 +62,8 @@ def test_no_data_wait_check_without_both_numbers():
     assert recorded.recorded_warnings({}, loader_analysis(50.0), "samples/s") == []
 
 
-@pytest.mark.parametrize("spread, bursts", [(trace.STEP_SPREAD_MAX, False),
-                                            (trace.STEP_SPREAD_MAX * 1.01, True)])
+@pytest.mark.parametrize("spread, bursts", [(recorded.STEP_SPREAD_MAX, False),
+                                            (recorded.STEP_SPREAD_MAX * 1.01, True)])
 def test_the_bursts_are_named_only_where_the_timed_steps_spread(spread, bursts):
     """p95 ÷ p50 past STEP_SPREAD_MAX: batches that come in bursts, which the few recorded steps
     (as many as the trace holds) can fall between. A trace that shows more wait than the timed
@@ -74,6 +74,14 @@ def test_the_bursts_are_named_only_where_the_timed_steps_spread(spread, bursts):
     shown = recorded.data_wait_warning(wait_summary(1.0, p50=10.0, p95=10.0 * spread),
                                        loader_analysis(30.0))
     assert "bursts" not in shown
+
+
+def test_a_trace_that_holds_a_round_of_the_workers_fell_between_no_bursts():
+    """As many recorded steps as the DataLoader has workers hold one burst of theirs: a gap
+    left is no burst missed, and the clause would send the user to record more for nothing."""
+    summary = {**wait_summary(30.0, p50=10.0, p95=30.0), "config": {"num_workers": 4}}
+    assert "bursts" in recorded.data_wait_warning(summary, loader_analysis(1.0, steps=3))
+    assert "bursts" not in recorded.data_wait_warning(summary, loader_analysis(1.0, steps=4))
 
 
 @pytest.mark.parametrize("busy, gpu_named", [(None, False), (0.5, False), (1.0, False),

@@ -25,7 +25,7 @@ OTHER_THRESHOLDS = ("metrics.SHORT_KERNEL_US", "host_ops.CPU_SHORT_OP_US", "metr
                     "idle_causes.INIT_FIRST_LAUNCH_MIN_MS", "idle_causes.INIT_FIRST_CALL_MIN_MS",
                     "idle_causes.INIT_FIRST_CALL_RATIO", "idle_causes.INIT_MOSTLY_MIN_PCT",
                     "idle_causes.INIT_STEADY_MIN_PCT", "host_ops.HOST_OP_MIN_US", "compare.FEW_STEPS",
-                    "trace.STEP_SPREAD_MAX",
+                    "recorded.STEP_SPREAD_MAX",
                     "trace.DATA_WAIT_GAP_POINTS", "trace.PROFILER_OVERHEAD_WARN_RATIO",
                     "memory.GROWTH_FIT_MIN_STEPS")
 # The constants each rule's "fires when" cell states as a number (a constant stated in words,
