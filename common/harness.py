@@ -104,10 +104,10 @@ def build_parser(demo: str, variant: str) -> argparse.ArgumentParser:
                         help="timed steps (default: the preset's)")
     parser.add_argument("--recorded-steps", type=positive_int, default=None, metavar="N",
                         help="steps the profiler records, exactly (default: the preset's, 3 for "
-                             "most demos, or one round of the DataLoader's workers where that "
-                             "many timed steps in a row misread the data wait by more than 10 "
-                             "points: the workers deliver in bursts): more catch more, at a "
-                             "larger trace")
+                             "most demos; one round of the DataLoader's workers, if it has more, "
+                             "where that many timed steps in a row waited more than 10 points "
+                             "off the data wait: workers deliver in bursts): more catch more, at "
+                             "a larger trace")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output root (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -236,7 +236,7 @@ def training_step(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optim
     optimizer. With `autocast_dtype`, the forward pass and the loss run under torch.autocast.
     `step_args()` is called once a step, in the data region; what it returns follows the inputs
     into the forward call: model(inputs, *step_args()). `to_device(batch)` puts the batch where
-    the model is, in the data region too but outside run.data_wait_s: a blocking copy to a GPU
+    the model is, in the data region too but outside run.data_waits_s: a blocking copy to a GPU
     waits for the step before's kernels, which is no wait for data. With `micro_batches` > 1
     (gradient accumulation; tensor inputs), the batch runs forward and backward in that many
     micro-batches, each loss divided by their number, and the optimizer steps once: the whole

@@ -317,49 +317,52 @@ def stop_on_out_of_memory(run: Run) -> None:
 
 def window_wait_shares_pct(step_ms: np.ndarray, wait_ms: np.ndarray, window: int) -> np.ndarray:
     """The data wait share of each run of `window` consecutive steps: their waits over their
-    time, in %; empty with fewer steps than the window."""
-    if len(step_ms) < window:
+    time (the steps' own clock: CUDA events on a GPU), in %; NaN for a run of no time; empty
+    with fewer steps than the window, or a wait list of another length."""
+    if window < 1 or len(step_ms) < window or len(wait_ms) != len(step_ms):
         return np.empty(0)
     time_ms = np.concatenate(([0.0], np.cumsum(step_ms)))
     waited_ms = np.concatenate(([0.0], np.cumsum(wait_ms)))
     spans_ms = time_ms[window:] - time_ms[:-window]
     return np.divide(100 * (waited_ms[window:] - waited_ms[:-window]), spans_ms,
-                     out=np.zeros_like(spans_ms), where=spans_ms > 0)
+                     out=np.full_like(spans_ms, np.nan), where=spans_ms > 0)
 
 
-def loader_round_steps(recorded: int, workers: int, step_ms: np.ndarray,
-                       wait_ms: np.ndarray) -> int:
+def loader_round_steps(recorded: int, workers: int, step_ms: np.ndarray, wait_ms: np.ndarray,
+                       data_wait_pct: float) -> int:
     """Steps to record so that the trace's DataLoader share stands for the timed data wait
-    (`step_ms`, `wait_ms`: each timed step's time and its wait for a batch). Workers that fall
-    behind the step deliver in rounds: they start together and finish a batch each at about the
-    same time, so the step waits once every `workers` batches, and fewer steps than that hold no
-    wait or a round's whole wait. Where some `recorded` consecutive timed steps waited more than
-    trace.DATA_WAIT_GAP_POINTS (the gap at which compare warns) off the share of all of them:
-    one round, `workers` steps; else `recorded`."""
+    (`data_wait_pct`; `step_ms`, `wait_ms`: each timed step's time and its wait for a batch).
+    Workers that fall behind the step deliver in rounds: they start together and finish a batch
+    each at about the same time, so the step waits once every `workers` batches, and fewer steps
+    than that hold no wait or a round's whole wait. Where the share of some `recorded`
+    consecutive timed steps stands more than trace.DATA_WAIT_GAP_POINTS (the gap at which
+    compare warns) off the timed wait: one round, `workers` steps; else `recorded`."""
     shares = window_wait_shares_pct(step_ms, wait_ms, recorded)
-    if workers <= recorded or not shares.size or step_ms.sum() <= 0:
+    if workers <= recorded or np.isnan(shares).all():  # all() of none is True
         return recorded
-    gap_points = np.abs(shares - 100 * wait_ms.sum() / step_ms.sum()).max()
+    gap_points = np.nanmax(np.abs(shares - data_wait_pct))
     return workers if gap_points > trace.DATA_WAIT_GAP_POINTS else recorded
 
 
-def record_a_loader_round(run: Run, step_ms: np.ndarray, wait_ms: np.ndarray | None) -> None:
+def record_a_loader_round(run: Run, step_ms: np.ndarray, wait_ms: np.ndarray | None,
+                          data_wait_pct: float | None) -> None:
     """After the timed steps: where a few of them misread their data wait (loader_round_steps),
     the profiler records one round of the DataLoader's workers instead, and a note says why.
     Not for --recorded-steps (kept as given), more workers than the images last for
     (runs.Run.loader_steps), or ranks (each would decide alone, and a collective waits for all)."""
     workers = run.config.get("num_workers") or 0
-    if (run.recorded_steps_given or wait_ms is None or run.distributed
+    if (run.recorded_steps_given or wait_ms is None or data_wait_pct is None or run.distributed
             or not 0 < workers <= presets.MAX_LOADER_WORKERS):
         return
-    steps = loader_round_steps(run.recorded_steps, workers, step_ms, wait_ms)
+    steps = loader_round_steps(run.recorded_steps, workers, step_ms, wait_ms, data_wait_pct)
     if steps == run.recorded_steps:
         return
     shares = window_wait_shares_pct(step_ms, wait_ms, run.recorded_steps)
-    run.notes.append(f"{run.recorded_steps} timed steps in a row waited for data from "
-                     f"{shares.min():.1f} to {shares.max():.1f} % of their time: the {workers} "
-                     f"DataLoader workers deliver in bursts, so the profiler records {steps} "
-                     f"steps, a round of them")
+    run.notes.append(f"the timed steps waited for data {data_wait_pct:.1f} % of the time, "
+                     f"{run.recorded_steps} of them in a row from {np.nanmin(shares):.1f} to "
+                     f"{np.nanmax(shares):.1f} % (more than {trace.DATA_WAIT_GAP_POINTS:.0f} "
+                     f"points off): the profiler records {steps} steps, a round of the {workers} "
+                     f"DataLoader workers, whose batches come in bursts")
     run.preset = replace(run.preset, recorded_steps=steps)
 
 
@@ -418,7 +421,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     data_wait_pct = None if wait_ms is None else 100.0 * wait_ms.sum() / 1000 / wall_s
     inference = (inference_numbers(run.requests, requests_before, wall_s)
                  if run.requests else {"unit": "sample"})
-    record_a_loader_round(run, step_ms, wait_ms)
+    record_a_loader_round(run, step_ms, wait_ms, data_wait_pct)
     log(run, f"profiling: {run.profiled_steps} steps ({run.recorded_steps} recorded)")
     trace_path, profiled_ms, memory_by_step = profiled_steps(run, step)
     if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed

@@ -10,8 +10,8 @@ the waterfall for each rung of a ladder):
 - the timed steps' data wait and the recorded steps' DataLoader share more than
   trace.DATA_WAIT_GAP_POINTS apart: the trace understates a wait the timed steps had (or
   exaggerates it), and the dataloader rule, which reads the trace, may say otherwise than the
-  timed wait. (The harness records a round of a loader's workers where a few steps could miss
-  by that much: profiling.loader_round_steps.)
+  timed wait. (The harness records a round of a loader's workers where a few timed steps in a
+  row stand that far off the timed wait: profiling.loader_round_steps.)
 
 Imports no torch."""
 from __future__ import annotations

@@ -47,8 +47,8 @@ PROFILER_OVERHEAD_WARN_RATIO = 1.2
 # wall time) and the recorded steps' DataLoader share (the trace's, a share of the window): half
 # the dataloader rule's threshold (verdicts.DATALOADER_SHARE_MIN_PCT, 20 %; a test holds the two
 # together), a gap that can carry a run across the rule. Above it recorded.py warns, and the
-# harness records a round of a loader's workers where a few steps could miss by more
-# (profiling.loader_round_steps). The profiler's cost lengthens a recorded step and so thins its
+# harness records a round of a loader's workers where a few timed steps in a row stand more off
+# the timed wait (profiling.loader_round_steps). The profiler's cost lengthens a recorded step and so thins its
 # share of waiting a little: 7.2 points on the H100 reference's rung 0 of the ladder (70.1 %
 # timed, 62.9 % recorded), the widest gap of its runs but one.
 DATA_WAIT_GAP_POINTS = 10.0

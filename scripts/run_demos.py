@@ -66,7 +66,8 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
                         help="steps each profiler records, passed to every script in place of "
                              "each preset's (memory_leak's 24, llm_decode's 1 on a GPU, whose "
                              "trace is slow to write; default: 3 or the preset's, or a round "
-                             "of the DataLoader's workers where they deliver in bursts)")
+                             "of the DataLoader's workers where a few timed steps in a row "
+                             "stand off the data wait)")
     parser.add_argument("--seed", type=int, default=None,
                         help="random seed, passed to every script (default: 0)")
     parser.add_argument("--memory-budget-gb", type=float, default=None, metavar="GB",

@@ -10,7 +10,14 @@ from common import analyze, harness, presets, profiling, runs, trace, verdicts
 from tests.conftest import ROOT, load_script
 from tests.test_harness import FakeClock
 
-ROUND = profiling.loader_round_steps
+
+def steps_to_record(recorded: int, workers: int, step_ms: np.ndarray, wait_ms: np.ndarray) -> int:
+    """loader_round_steps with the timed wait of steps back to back: their waits over their time."""
+    total_ms = step_ms.sum()
+    return profiling.loader_round_steps(recorded, workers, step_ms, wait_ms,
+                                        100 * wait_ms.sum() / total_ms if total_ms else 0.0)
+
+
 H100_RUNG4 = {"workers": 14, "timed_steps": 40, "step_ms": 84.8, "wait_pct": 17.5}  # timed
 
 
@@ -36,13 +43,13 @@ def test_the_h100_ladder_s_rung_4_would_record_a_round_wherever_its_bursts_fell(
     0.04 % of waiting. Two or three bursts in 40 steps, wherever they fall: a round."""
     step_ms, wait_ms = bursts(**H100_RUNG4, offset=offset)
     assert 100 * wait_ms.sum() / step_ms.sum() == pytest.approx(H100_RUNG4["wait_pct"])
-    assert ROUND(3, 14, step_ms, wait_ms) == 14
+    assert steps_to_record(3, 14, step_ms, wait_ms) == 14
 
 
 def test_a_steady_wait_keeps_the_few_steps():
     """Every step waiting its share: any few steps read it right."""
     step_ms, wait_ms = np.full(40, 100.0), np.full(40, 17.5)
-    assert ROUND(3, 14, step_ms, wait_ms) == 3
+    assert steps_to_record(3, 14, step_ms, wait_ms) == 3
 
 
 @pytest.mark.parametrize("first_wait_ms, steps", [(6.0, 3), (6.01, 6)])
@@ -50,7 +57,23 @@ def test_a_round_where_some_few_steps_stand_more_than_the_gap_off(first_wait_ms,
     """Six steps of 10 ms, the first waiting 6 ms of them: 10 % of all the time, 20 % of the
     first three steps', 0 % of the others': 10 points off, exactly the gap (exact in binary)."""
     step_ms, wait_ms = np.full(6, 10.0), np.array([first_wait_ms, 0, 0, 0, 0, 0])
-    assert ROUND(3, 6, step_ms, wait_ms) == steps
+    assert steps_to_record(3, 6, step_ms, wait_ms) == steps
+
+
+def test_the_window_is_as_long_as_the_recorded_steps():
+    """Twelve steps of 10 ms, the first waiting 5 ms of them: 4.2 % of all the time; 3 steps in a
+    row 16.7 % (12.5 points off: a round), 4 in a row 12.5 % (8.3 points: none)."""
+    step_ms, wait_ms = np.full(12, 10.0), np.array([5.0] + [0.0] * 11)
+    assert steps_to_record(3, 6, step_ms, wait_ms) == 6
+    assert steps_to_record(4, 6, step_ms, wait_ms) == 4
+
+
+def test_a_run_of_steps_that_did_not_wait_stands_off_a_steady_wait():
+    """Forty steps each waiting a fifth of its time but three in a row that did not wait (their
+    batches were ready): those three stand 18.5 points under the phase's 18.5 %."""
+    step_ms, wait_ms = np.full(40, 100.0), np.full(40, 20.0)
+    wait_ms[10:13] = 0.0
+    assert steps_to_record(3, 14, step_ms, wait_ms) == 14
 
 
 def test_the_shares_of_a_window_are_its_waits_over_its_time():
@@ -58,17 +81,28 @@ def test_the_shares_of_a_window_are_its_waits_over_its_time():
                                               np.array([5.0, 0.0, 0.0, 20.0]), 2)
     assert shares.tolist() == pytest.approx([100 * 5 / 30, 0.0, 100 * 20 / 70])
     assert profiling.window_wait_shares_pct(np.ones(2), np.ones(2), 3).size == 0
+    assert profiling.window_wait_shares_pct(np.ones(4), np.ones(3), 2).size == 0  # not aligned
+    gaps = profiling.window_wait_shares_pct(np.array([0.0, 0.0, 10.0]), np.zeros(3), 2)
+    assert np.isnan(gaps[0]) and gaps[1] == 0.0  # two steps of no time: no share at all
+
+
+def test_steps_of_no_time_read_as_no_share_not_as_no_wait():
+    """Three steps of no time, then three of 10 ms waiting 3 ms each (30 %): every window with
+    time in it reads 30 %, the timed wait; none is off, so no round."""
+    step_ms, wait_ms = np.array([0.0, 0, 0, 10, 10, 10]), np.array([0.0, 0, 0, 3, 3, 3])
+    assert steps_to_record(3, 14, step_ms, wait_ms) == 3
 
 
 @pytest.mark.parametrize("recorded, workers, step_ms, wait_ms", [
-    (3, 3, *bursts(3, 40, 10.0, 50.0)),  # no more workers than recorded steps: a round is in
+    (3, 2, *bursts(14, 40, 10.0, 50.0)),  # windows far off, but fewer workers than steps
+    (3, 3, *bursts(14, 40, 10.0, 50.0)),  # as many: a round is already in
     (24, 14, *bursts(14, 40, 10.0, 50.0)),  # a preset that records more (memory_leak's 24)
     (3, 14, *bursts(14, 2, 10.0, 50.0)),  # fewer timed steps than the window: nothing to read
     (3, 14, np.full(40, 10.0), np.zeros(40)),  # no wait
     (3, 14, np.zeros(40), np.zeros(40))])  # no time
 def test_no_round_without_more_workers_than_steps_or_without_a_wait(recorded, workers, step_ms,
                                                                      wait_ms):
-    assert ROUND(recorded, workers, step_ms, wait_ms) == recorded
+    assert steps_to_record(recorded, workers, step_ms, wait_ms) == recorded
 
 
 def a_run(**fields) -> runs.Run:
@@ -88,7 +122,7 @@ def a_run(**fields) -> runs.Run:
 def test_which_runs_record_a_round(fields, workers, steps):
     run = a_run(**fields)
     run.config["num_workers"] = workers
-    profiling.record_a_loader_round(run, *bursts(workers, 60, 84.8, 17.5))
+    profiling.record_a_loader_round(run, *bursts(workers, 60, 84.8, 17.5), 17.5)
     assert run.recorded_steps == steps
     assert bool(run.notes) == (steps != 3)
 
@@ -134,8 +168,9 @@ def test_a_run_that_waited_in_bursts_records_a_round_and_says_why(monkeypatch, t
     assert summary["data_wait_pct"] == pytest.approx(100 * 1.5 / 2.7)
     assert summary["recorded_steps"] == 8 and analysis["steps"] == 8  # the trace holds 8
     assert [note for note in summary["notes"] if note.startswith(
-        "3 timed steps in a row waited for data from 0.0 to 76.9 % of their time: the 8 "
-        "DataLoader workers deliver in bursts, so the profiler records 8 steps")]
+        "the timed steps waited for data 55.6 % of the time, 3 of them in a row from 0.0 to "
+        "76.9 % (more than 10 points off): the profiler records 8 steps, a round of the 8 "
+        "DataLoader workers")]
 
 
 def test_recorded_steps_given_are_kept(monkeypatch, tmp_path):
@@ -162,7 +197,7 @@ def test_the_images_last_through_a_round_of_the_most_workers(demo, preset):
     length = run.loader_steps
     run.config["num_workers"] = presets.MAX_LOADER_WORKERS
     profiling.record_a_loader_round(run, *bursts(presets.MAX_LOADER_WORKERS, 3 * run.steps,
-                                                 10.0, 50.0))
+                                                 10.0, 50.0), 50.0)
     assert run.recorded_steps == max(presets.MAX_LOADER_WORKERS,
                                      presets.PRESETS[demo][preset].recorded_steps
                                      or runs.PROFILE_ACTIVE_STEPS)
