@@ -183,3 +183,14 @@ def test_the_chain_on_the_committed_h100_run():
     assert result["dataloader_pct"] < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
     assert recorded.gpu_busy_ratio(summary, result) > 1  # the GPU busier than a whole timed step
     assert rows[5]["vs_previous"] > rows[6]["vs_previous"] > 1
+
+
+@pytest.mark.skipif(not H100_REFERENCE.is_dir(), reason="no committed H100 run of the ladder")
+def test_rung_4_with_its_timed_wait_in_the_trace():
+    """What the analyzer would say of rung 4 had its trace held the timed steps' data wait: the
+    trace's metrics with the DataLoader's share set to the timed one (17.5 %)."""
+    rung4 = H100_REFERENCE / "rung4_compile"
+    summary = json.loads((rung4 / trace.SUMMARY_FILE).read_text())
+    metrics = {**analyze.analyze_trace(rung4), "dataloader_pct": summary["data_wait_pct"]}
+    assert metrics["dataloader_workers"] is True
+    assert [f["id"] for f in verdicts.findings_for(metrics)] == ["unfused_optimizer"]

@@ -288,6 +288,32 @@ def test_small_batch_gives_way_to_host_sync_at_its_threshold(base, per_step, ver
     assert finding_ids(m) == [verdict]
 
 
+# --- dataloader: who makes the batches -------------------------------------------------------------
+
+def optimizer(pct: float) -> dict:
+    """An optimizer region (metrics.optimizer_metrics) that unfused_optimizer names at `pct` % of
+    the window: AdamW's per-tensor loop, 10 us an operator, 15 calls a tensor."""
+    return {"pct": pct, "ms_per_step": 10.0, "cpu_ms_per_step": 10.0, "gpu_ms_per_step": None,
+            "ops_per_step": 1000.0, "multi_tensor_ops_per_step": 0.0, "tensors_per_step": 62.0,
+            "calls_per_tensor": 15.0}
+
+
+@pytest.mark.parametrize("workers", [None, False, True], ids=["no-span", "in-process", "workers"])
+@pytest.mark.parametrize("pct, fires", edges(DATALOADER_SHARE_MIN_PCT, AT_LEAST))
+def test_dataloader_fires_from_its_share_whoever_makes_the_batches(base, workers, pct, fires):
+    m = changed(base, dataloader_pct=pct, dataloader_workers=workers)
+    assert finding_ids(m) == only("dataloader", fires)
+
+
+@pytest.mark.parametrize("workers", [False, True], ids=["in-process", "workers"])
+def test_a_loaders_wait_ranks_by_its_share_beside_the_optimizer(base, workers):
+    """The DataLoader's wait and AdamW's loop, both medium: the larger share first."""
+    wait = DATALOADER_SHARE_MIN_PCT * 1.25
+    m = changed(base, dataloader_pct=wait, dataloader_workers=workers,
+                optimizer=optimizer(wait * 1.2))
+    assert finding_ids(m) == ["unfused_optimizer", "dataloader"]
+
+
 # --- host_sync -----------------------------------------------------------------------------------
 
 def split(value: float, causes: str) -> dict:
