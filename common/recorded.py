@@ -17,7 +17,7 @@ Imports no torch."""
 from __future__ import annotations
 
 from common import trace
-from common.verdicts import DATALOADER_SHARE_MIN_PCT
+from common.verdicts import dataloader_share_min_pct
 
 # A p95 more than half again the p50: steps differ more than most fixes gain (a DataLoader that
 # delivers in bursts, a sync on some steps), so one run's mean says little.
@@ -69,7 +69,8 @@ def data_wait_warning(summary: dict, analysis: dict) -> str | None:
     way); a wide spread of the timed steps (STEP_SPREAD_MAX) adds that the batches came in
     bursts, which a few recorded steps can fall between (fewer than the DataLoader's workers: a
     round of them holds a burst); where the two stand on either side of the
-    dataloader rule's threshold, what the rule would say by the timed wait."""
+    dataloader rule's threshold (verdicts.dataloader_share_min_pct: lower with workers), what the
+    rule would say by the timed wait."""
     timed, recorded = summary.get("data_wait_pct"), analysis.get("dataloader_pct")
     if timed is None or recorded is None:
         return None
@@ -86,10 +87,12 @@ def data_wait_warning(summary: dict, analysis: dict) -> str | None:
               f"--recorded-steps)"
               if less and p50 and p95 and p95 / p50 > STEP_SPREAD_MAX and not round_recorded
               else "")
-    fires = timed >= DATALOADER_SHARE_MIN_PCT
-    rule = (f"; by the timed wait the dataloader rule (>= {DATALOADER_SHARE_MIN_PCT:.0f} %) "
+    cut = dataloader_share_min_pct(analysis.get("dataloader_workers"))
+    fires = timed >= cut
+    rule = (f"; by the timed wait the dataloader rule (>= {cut:.0f} %"
+            f"{' with workers' if analysis.get('dataloader_workers') else ''}) "
             f"would {'fire' if fires else 'stay silent'}"
-            if fires != (recorded >= DATALOADER_SHARE_MIN_PCT) else "")
+            if fires != (recorded >= cut) else "")
     return (f"the timed steps waited for data {timed:.1f} % of the time, the recorded steps "
             f"{recorded:.1f} % (DataLoader share; warn above a "
             f"{trace.DATA_WAIT_GAP_POINTS:.0f}-point gap): the trace "

@@ -8,7 +8,9 @@ sees it), so no core is needed and the loader is the bottleneck by construction.
 through the harness (timed steps, then profiled ones) twice per repeat: with the profiler's 3
 steps (--recorded-steps 3), and with the harness's own choice (a round of the workers where the
 timed steps waited in bursts: profiling.loader_round_steps). It prints, per run, the timed data
-wait, the trace's DataLoader share (python -m common.analyze) and the steps recorded.
+wait, the trace's DataLoader share (python -m common.analyze), the steps recorded, samples/s and
+the analyzer's top verdict: `dataloader` where the trace holds the wait. The workers set the
+pace: a shorter step (--step-s 0.044) gets no more samples/s, only a longer wait.
 
   .venv/bin/python scripts/loader_bursts.py                    (8 workers, 3 repeats, about a minute)
   .venv/bin/python scripts/loader_bursts.py --workers 14 --repeats 1
@@ -71,7 +73,10 @@ def one_run(flags: argparse.Namespace, out: Path, variant: str, recorded: list[s
     model = SleepingModel(flags.step_s)
     summary = harness.train(run, model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
     analysis = analyze.analyze_trace(run.out_dir)
-    return summary["data_wait_pct"], analysis["dataloader_pct"], analysis["steps"]
+    # the analyzer's first finding: what it would have the user fix first
+    top = analysis["findings"][0]["id"] if analysis["findings"] else "none"
+    return (summary["samples_per_s"], summary["data_wait_pct"], analysis["dataloader_pct"],
+            analysis["steps"], top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                                     ("the harness's", [])):
                 variant = f"r{repeat}_{'three' if recorded else 'harness'}"
                 rows.append((label, *one_run(flags, Path(out), variant, recorded)))
-    print(f"\n{'recorded':<15} {'steps':>5} {'timed wait %':>12} {'trace share %':>13}")
-    for label, timed, share, steps in rows:
-        print(f"{label:<15} {steps:>5} {timed:>12.1f} {share:>13.1f}")
+    print(f"\n{'recorded':<15} {'steps':>5} {'samples/s':>9} {'timed wait %':>12} "
+          f"{'trace share %':>13}  top verdict")
+    for label, rate, timed, share, steps, top in rows:
+        print(f"{label:<15} {steps:>5} {rate:>9.1f} {timed:>12.1f} {share:>13.1f}  {top}")
     return 0
 
 

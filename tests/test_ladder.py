@@ -165,9 +165,10 @@ def test_the_chain_on_the_committed_h100_run():
     idles between short kernels at 16 images (small_batch); at batch 256 batch norm and
     element-wise kernels fill the window, on FP32 data first (BF16), then in BF16 (compile); with
     the jitter on the GPU, AdamW's loop (the fused optimizer). Rung 4 breaks the chain: its timed
-    steps waited for data, but under the rule's share, and its recorded steps did not wait (the
-    GPU busy longer a step than a whole timed step took; the steps between a loader's bursts), so
-    the trace names AdamW's loop; the jitter's rung still gained more than the fused optimizer's.
+    steps waited for data past the rule's cut with workers, but its 3 recorded steps did not wait
+    (the GPU busy longer a step than a whole timed step took; the steps between a loader's
+    bursts), so the trace names AdamW's loop; the jitter's rung still gained more than the fused
+    optimizer's.
     The target: at least 10x more samples/s from rung 0 to the last."""
     rows = ladder.ladder_rows(H100_REFERENCE)
     assert {row["device"] for row in rows} == {"cuda"}
@@ -180,7 +181,7 @@ def test_the_chain_on_the_committed_h100_run():
     summary = json.loads((rung4 / trace.SUMMARY_FILE).read_text())
     timed_wait_pct = summary["data_wait_pct"]
     result = analyze.analyze_trace(rung4)
-    assert result["dataloader_pct"] < timed_wait_pct < verdicts.DATALOADER_SHARE_MIN_PCT
+    assert result["dataloader_pct"] < verdicts.DATALOADER_WORKERS_BEHIND_MIN_PCT <= timed_wait_pct
     assert recorded.gpu_busy_ratio(summary, result) > 1  # the GPU busier than a whole timed step
     assert rows[5]["vs_previous"] > rows[6]["vs_previous"] > 1
 
@@ -188,9 +189,14 @@ def test_the_chain_on_the_committed_h100_run():
 @pytest.mark.skipif(not H100_REFERENCE.is_dir(), reason="no committed H100 run of the ladder")
 def test_rung_4_with_its_timed_wait_in_the_trace():
     """What the analyzer would say of rung 4 had its trace held the timed steps' data wait: the
-    trace's metrics with the DataLoader's share set to the timed one (17.5 %)."""
+    trace's metrics with the DataLoader's share set to the timed one (17.5 %). Its 14 workers
+    fall behind the compiled step, which waits for them whatever else gets faster: the wait comes
+    first, before AdamW's larger share, and names the next rung's fix (the chain would hold)."""
     rung4 = H100_REFERENCE / "rung4_compile"
     summary = json.loads((rung4 / trace.SUMMARY_FILE).read_text())
     metrics = {**analyze.analyze_trace(rung4), "dataloader_pct": summary["data_wait_pct"]}
     assert metrics["dataloader_workers"] is True
-    assert [f["id"] for f in verdicts.findings_for(metrics)] == ["unfused_optimizer"]
+    found = verdicts.findings_for(metrics)
+    assert [f["id"] for f in found] == ["dataloader", "unfused_optimizer"]
+    assert found[0]["share_pct"] < found[1]["share_pct"]
+    assert found[0]["demo"] == ladder.FIX_DEMO["jitter_on_device"]

@@ -2,6 +2,9 @@
 them in bursts, so that the trace's DataLoader share stands for the timed data wait."""
 from __future__ import annotations
 
+import argparse
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -218,3 +221,22 @@ def test_the_benchmark_s_bad_flags_are_one_line_and_exit_2(capsys, args):
         load_script("loader_bursts").main(args)
     assert stop.value.code == 2
     assert ": error: --workers >= 2" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_workers_that_fall_behind_are_named_first_on_a_recorded_round(tmp_path):
+    """A real run through the harness (the benchmark's: 8 workers that sleep 0.8 s a batch, 10
+    batches a second between them, behind a step whose forward sleeps 0.06 s), a round of them
+    recorded: the step waits about 40 % of the time by construction, its forward region holds
+    more of the window, and the analyzer names the workers first, as their pace sets the step's.
+    Without them first it named the forward, whose fix would only lengthen the wait."""
+    benchmark = load_script("loader_bursts")
+    flags = argparse.Namespace(workers=8, batch_s=0.8, step_s=0.06, repeats=1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        *_, steps, top = benchmark.one_run(flags, tmp_path, "round", ["--recorded-steps", "8"])
+    assert steps == 8
+    findings = analyze.analyze_trace(tmp_path / "dataloader_workers" / "round")["findings"]
+    loader, region = findings[0], {f["id"]: f for f in findings}.get("host_region")
+    assert top == loader["id"] == "dataloader" and loader["sets_pace"]
+    # the forward's sleep is the larger share, and comes second
+    assert region is not None and region["share_pct"] > loader["share_pct"]

@@ -38,17 +38,26 @@ def test_the_data_wait_gap_warns_only_past_its_points(timed, recorded_pct, warns
         assert ("exaggerates the wait" in found) == (timed < recorded_pct)
 
 
-@pytest.mark.parametrize("timed, recorded_pct, says", [
-    (verdicts.DATALOADER_SHARE_MIN_PCT, verdicts.DATALOADER_SHARE_MIN_PCT - 10.01, "would fire"),
-    (15.0, 30.0, "would stay silent"),
-    (45.0, 30.0, None),  # both over the rule's threshold: it fires either way
-    (17.5, 0.04, None)])  # both under it (the H100 ladder's rung 4): silent either way
-def test_the_warning_says_what_the_rule_would_say_by_the_timed_wait(timed, recorded_pct, says):
-    found = recorded.data_wait_warning(wait_summary(timed), loader_analysis(recorded_pct))
+IN_PROCESS_CUT, WORKERS_CUT = (verdicts.DATALOADER_SHARE_MIN_PCT,
+                               verdicts.DATALOADER_WORKERS_BEHIND_MIN_PCT)
+
+
+@pytest.mark.parametrize("workers, timed, recorded_pct, says", [
+    (False, IN_PROCESS_CUT, IN_PROCESS_CUT - 10.01, "would fire"),
+    (True, WORKERS_CUT + 0.02, 0.01, "would fire"),  # a gap past 10 points from 0 crosses 10 %
+    (False, 15.0, 30.0, "would stay silent"),
+    (True, 5.0, 15.01, "would stay silent"),
+    (False, 45.0, 30.0, None),  # both over the rule's threshold: it fires either way
+    (True, 45.0, 30.0, None),
+    (False, 17.5, 0.04, None),  # both under 20 %: silent either way
+    (True, 17.5, 0.04, "would fire")])  # the H100 ladder's rung 4: 14 workers
+def test_the_warning_says_what_the_rule_would_say_by_the_timed_wait(workers, timed, recorded_pct,
+                                                                    says):
+    found = recorded.data_wait_warning(wait_summary(timed), loader_analysis(recorded_pct, workers))
     assert ("dataloader rule" in found) == (says is not None)
     if says:
-        assert found.endswith(f"by the timed wait the dataloader rule (>= "
-                              f"{verdicts.DATALOADER_SHARE_MIN_PCT:.0f} %) {says}")
+        cut = f"{WORKERS_CUT:.0f} % with workers" if workers else f"{IN_PROCESS_CUT:.0f} %"
+        assert found.endswith(f"by the timed wait the dataloader rule (>= {cut}) {says}")
 
 
 def test_no_data_wait_check_without_both_numbers():
@@ -121,7 +130,9 @@ def test_on_the_committed_runs_only_the_h100_ladder_s_rung_4_missed_its_data_wai
     found, summary = warned["h100/ladder/rung4_compile"]
     assert f"waited for data {summary['data_wait_pct']:.1f} % of the time" in found
     assert "the recorded steps 0.0 %" in found and "understates the wait" in found
-    assert "dataloader rule" not in found  # 17.5 % and 0.0 %: under the rule's 20 % either way
+    # its 14 workers fell behind: by its timed wait the rule would name them
+    assert (f"by the timed wait the dataloader rule (>= {WORKERS_CUT:.0f} % with workers) would "
+            f"fire" in found)
     assert "came in bursts, which 3 recorded steps can fall between" in found
 
 

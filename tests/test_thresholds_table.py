@@ -31,7 +31,7 @@ OTHER_THRESHOLDS = ("metrics.SHORT_KERNEL_US", "host_ops.CPU_SHORT_OP_US", "metr
 # The constants each rule's "fires when" cell states as a number (a constant stated in words,
 # such as "launch-call time >= kernel time" for LAUNCH_TO_KERNEL_TIME_MIN, is left out).
 RULE_CONSTANTS = {
-    "dataloader": ("DATALOADER_SHARE_MIN_PCT",),
+    "dataloader": ("DATALOADER_SHARE_MIN_PCT", "DATALOADER_WORKERS_BEHIND_MIN_PCT"),
     "host_region": ("HOST_REGION_MIN_PCT",),
     "small_batch": ("SMALL_BATCH_UTILIZATION_MAX_PCT", "SMALL_BATCH_MEDIAN_KERNEL_MAX_US",
                     "SMALL_BATCH_INPUT_BATCH_BELOW"),

@@ -31,6 +31,7 @@ from common.verdicts import (
     ACTIVATION_MEMORY_HIGH_PCT,
     ACTIVATION_MEMORY_MIN_PCT,
     DATALOADER_SHARE_MIN_PCT,
+    DATALOADER_WORKERS_BEHIND_MIN_PCT,
     FP32_GEMM_MIN_PCT,
     H2D_MIN_PCT,
     HOST_SYNC_IDLE_MIN_PCT,
@@ -43,6 +44,7 @@ from common.verdicts import (
     SMALL_BATCH_INPUT_BATCH_BELOW,
     SMALL_BATCH_MEDIAN_KERNEL_MAX_US,
     SMALL_BATCH_UTILIZATION_MAX_PCT,
+    UNFUSED_OPTIMIZER_MIN_PCT,
 )
 from tests.kineto_builder import (
     BF16_GEMM,
@@ -298,20 +300,47 @@ def optimizer(pct: float) -> dict:
             "calls_per_tensor": 15.0}
 
 
-@pytest.mark.parametrize("workers", [None, False, True], ids=["no-span", "in-process", "workers"])
-@pytest.mark.parametrize("pct, fires", edges(DATALOADER_SHARE_MIN_PCT, AT_LEAST))
-def test_dataloader_fires_from_its_share_whoever_makes_the_batches(base, workers, pct, fires):
-    m = changed(base, dataloader_pct=pct, dataloader_workers=workers)
-    assert finding_ids(m) == only("dataloader", fires)
+LOADER_CUTS = [
+    pytest.param(None, DATALOADER_SHARE_MIN_PCT, id="no-span"),
+    pytest.param(False, DATALOADER_SHARE_MIN_PCT, id="in-process"),
+    pytest.param(True, DATALOADER_WORKERS_BEHIND_MIN_PCT, id="workers"),
+]
 
 
-@pytest.mark.parametrize("workers", [False, True], ids=["in-process", "workers"])
-def test_a_loaders_wait_ranks_by_its_share_beside_the_optimizer(base, workers):
-    """The DataLoader's wait and AdamW's loop, both medium: the larger share first."""
-    wait = DATALOADER_SHARE_MIN_PCT * 1.25
-    m = changed(base, dataloader_pct=wait, dataloader_workers=workers,
-                optimizer=optimizer(wait * 1.2))
-    assert finding_ids(m) == ["unfused_optimizer", "dataloader"]
+@pytest.mark.parametrize("workers, cut", LOADER_CUTS)
+@pytest.mark.parametrize("nudge, fires", [(below, False), (float, True), (above, True)],
+                         ids=["below", "at", "above"])
+def test_dataloader_fires_from_its_cut_which_is_lower_with_workers(base, workers, cut, nudge,
+                                                                    fires):
+    m = changed(base, dataloader_pct=nudge(cut), dataloader_workers=workers)
+    found = by_id(m)
+    assert list(found) == only("dataloader", fires)
+    if fires:  # with workers their wait paces the step; in the training process it does not
+        assert found["dataloader"]["sets_pace"] is bool(workers)
+
+
+def test_workers_that_fall_behind_come_before_a_larger_share_of_a_higher_level(base):
+    """A wait of 15 % with workers (medium) and AdamW's loop at 30 % (high): the wait first, as
+    it sets the step's pace; the same wait in the training process is under its cut, and the
+    same two at 25 % in the training process (medium) rank by level and share."""
+    wait = DATALOADER_WORKERS_BEHIND_MIN_PCT * 1.5
+    loop = optimizer(UNFUSED_OPTIMIZER_MIN_PCT * SEVERITY_HIGH_FACTOR)
+    behind = verdicts.findings_for(changed(base, dataloader_pct=wait, dataloader_workers=True,
+                                           optimizer=loop))
+    assert [(f["id"], f["severity"]) for f in behind] == [("dataloader", "medium"),
+                                                          ("unfused_optimizer", "high")]
+    in_process = changed(base, dataloader_pct=wait, dataloader_workers=False, optimizer=loop)
+    assert finding_ids(in_process) == ["unfused_optimizer"]
+    in_process["dataloader_pct"] = DATALOADER_SHARE_MIN_PCT * 1.25
+    assert finding_ids(in_process) == ["unfused_optimizer", "dataloader"]
+
+
+def test_a_high_finding_of_no_share_still_leads_workers_that_fall_behind(base):
+    """Memory near full holds back the batch whatever the loader does: it stays first."""
+    m = changed(base, dataloader_pct=DATALOADER_WORKERS_BEHIND_MIN_PCT * 1.5,
+                dataloader_workers=True, device_memory_mb=DEVICE_MB,
+                peak_memory_mb=DEVICE_MB * ACTIVATION_MEMORY_HIGH_PCT / 100)
+    assert finding_ids(m) == ["activation_memory", "dataloader"]
 
 
 # --- host_sync -----------------------------------------------------------------------------------
