@@ -207,8 +207,10 @@ def analyze(path: Path) -> Analysis:
         "dataloader_pct": (100.0 * union_in(columns.dataloader, *window) / span
                            if span > 0 else 0.0),
         # Whether the DataLoader's batches come from worker processes, as its spans name its
-        # iterator; None where no DataLoader span says.
-        "dataloader_workers": (trace.MULTIPROCESS_LOADER_ITERATOR in columns.dataloader_iterators
+        # iterator: all of them (a loader in the training process beside one with workers may
+        # be the wait); None where no DataLoader span says.
+        "dataloader_workers": (columns.dataloader_iterators
+                               == {trace.MULTIPROCESS_LOADER_ITERATOR}
                                if columns.dataloader_iterators else None),
         # The idle split names the host regions and, where no region holds, the host's operators
         # that enqueue no GPU work (host_ops.with_host_work_ops).

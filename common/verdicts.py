@@ -15,9 +15,11 @@ DATALOADER_SHARE_MIN_PCT = 20.0  # % of the window; gpu-idle and fournex use 20 
 # workers' pace showing: a fix that shortens the step's compute lengthens the wait by as much and
 # wins nothing until they keep up. On the H100 ladder's compiled rung, 14 workers behind it: the
 # fused optimizer gave 1.01x more samples/s with the step waiting 26.4 % (an earlier run), moving
-# the workers' colour jitter to the GPU 1.43x with it waiting 17.5 %. Half the rule's share is
-# our cut for such a loader, ten times what a ready batch costs. From it the finding fires, and
-# comes first among the findings of a share (rank: it sets the pace).
+# the workers' colour jitter to the GPU 1.43x with it waiting 17.5 %. (On a CPU the workers share
+# the cores, and a lighter step leaves them more: there it wins a little.) Half the rule's share
+# is our cut for such a loader, ten times what a ready batch costs. From it the finding fires, and
+# ranks as high, first of the findings of a share (rank: it sets the pace). Its limit: workers that
+# start in the window (each epoch, without persistent_workers) read the same, a one-off wait.
 DATALOADER_WORKERS_BEHIND_MIN_PCT = DATALOADER_SHARE_MIN_PCT / 2  # % of the window
 # % GPU utilization of the time the trace accounts for (gpu.recorded_utilization_pct); peers'
 # small-batch rule
@@ -198,7 +200,8 @@ def rule_dataloader(m: dict) -> dict | None:
     pinned = (up is not None and up["pageable_pct"] is not None
               and up["pageable_pct"] < H2D_PAGEABLE_MIN_PCT)
     if workers:  # the workers are there and still too slow: each batch must cost them less
-        fix = ("the worker processes do not keep up with the step: more workers where cores are "
+        fix = ("the worker processes do not keep up with the step: persistent_workers=True "
+               "where each epoch starts them anew, more workers where cores are "
                "free, less work per sample in them (uint8 images, 4x fewer bytes to pass and "
                "copy than float32; images decoded at the size the model reads), or their "
                "heaviest work moved to the GPU, a whole batch at once (colour jitter and other "
@@ -211,8 +214,9 @@ def rule_dataloader(m: dict) -> dict | None:
     return finding(
         "dataloader", severity(pct, cut),
         f"data-loading bound: {pct:.0f} % of each step waits on the DataLoader"
-        + (", whose worker processes fall behind the step: they set its pace, and a faster "
-           "step would only wait longer" if workers else "")
+        + (", whose worker processes (or their hand-over: unpickling, pinning) fall behind "
+           "the step: they set its pace, and a faster step would only wait longer"
+           if workers else "")
         + f" (enumerate(DataLoader)#...__next__; rule: >= {DATALOADER_SHARE_MIN_PCT:.0f} %, "
         f">= {DATALOADER_WORKERS_BEHIND_MIN_PCT:.0f} % with workers)",
         fix + "; on a GPU also "
@@ -1054,9 +1058,9 @@ def rank(f: dict) -> tuple:
     no share of the window (memory, compiling, the attention's shape: no slice of the step to
     weigh, but each holds the others back: a frame past the recompile limit runs eagerly, memory
     near full blocks a larger batch) in rule order, then the rest by share_pct, largest first (what
-    the fix can win back). A finding that sets the step's pace (sets_pace) comes first of those
-    with a share, at either level: the others' fixes win nothing before its. The sort is stable:
-    equal shares keep rule order."""
+    the fix can win back). A finding that sets the step's pace (sets_pace) ranks as high, first
+    of those with a share: the others' fixes win nothing before its. The sort is stable: equal
+    shares keep rule order."""
     paces = f.get("sets_pace", False)
     return (f["severity"] != "high" and not paces, f["share_pct"] is not None, not paces,
             -(f["share_pct"] or 0.0))

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file, from any directory
 
-from common import analyze, harness
+from common import analyze, harness, ladder
 
 BATCH = 8
 TIMED_STEPS = 56  # 7 rounds of 8 workers: the timed wait is a whole number of bursts
@@ -73,10 +73,9 @@ def one_run(flags: argparse.Namespace, out: Path, variant: str, recorded: list[s
     model = SleepingModel(flags.step_s)
     summary = harness.train(run, model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
     analysis = analyze.analyze_trace(run.out_dir)
-    # the analyzer's first finding: what it would have the user fix first
-    top = analysis["findings"][0]["id"] if analysis["findings"] else "none"
+    top = ladder.top_finding(analysis)  # what the analyzer would have the user fix first
     return (summary["samples_per_s"], summary["data_wait_pct"], analysis["dataloader_pct"],
-            analysis["steps"], top)
+            analysis["steps"], top["id"] if top else "none")
 
 
 def main(argv: list[str] | None = None) -> int:

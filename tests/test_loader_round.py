@@ -237,6 +237,6 @@ def test_workers_that_fall_behind_are_named_first_on_a_recorded_round(tmp_path):
     assert steps == 8
     findings = analyze.analyze_trace(tmp_path / "dataloader_workers" / "round")["findings"]
     loader, region = findings[0], {f["id"]: f for f in findings}.get("host_region")
-    assert top == loader["id"] == "dataloader" and loader["sets_pace"]
+    assert top == "dataloader" and loader["id"] == "dataloader" and loader["sets_pace"]
     # the forward's sleep is the larger share, and comes second
     assert region is not None and region["share_pct"] > loader["share_pct"]

@@ -280,6 +280,15 @@ def test_small_batch_gives_way_to_the_dataloader_at_its_threshold(base, pct, ver
     assert finding_ids(underfilled(base, dataloader_pct=pct)) == [verdict]
 
 
+@pytest.mark.parametrize("pct, verdict", [
+    pytest.param(below(DATALOADER_WORKERS_BEHIND_MIN_PCT), "small_batch", id="below"),
+    pytest.param(DATALOADER_WORKERS_BEHIND_MIN_PCT, "dataloader", id="at"),
+])
+def test_small_batch_gives_way_to_workers_that_fall_behind_at_their_cut(base, pct, verdict):
+    m = underfilled(base, dataloader_pct=pct, dataloader_workers=True)
+    assert finding_ids(m) == [verdict]
+
+
 @pytest.mark.parametrize("per_step, verdict", [
     pytest.param(below(HOST_SYNC_PER_STEP_MIN), "small_batch", id="below"),
     pytest.param(HOST_SYNC_PER_STEP_MIN, "host_sync", id="at"),

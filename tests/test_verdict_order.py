@@ -1,7 +1,8 @@
 """The order of the findings (verdicts.rank): severity first; within a level, the findings that
 measure no share of the window (memory, compiling, the attention's shape) in rule order, then the
-rest by the share of the window each measures its cause to hold (share_pct), largest first. The
-first is what compare's chain and the report call the top verdict. On the H100 reference, FP32
+rest by the share of the window each measures its cause to hold (share_pct), largest first; a
+finding that sets the step's pace (DataLoader workers behind it) ranks as high, first of the
+shares. The first is what compare's chain and the report call the top verdict. On the H100 reference, FP32
 GEMMs at a few per cent of the window no longer come first; each rule's share, by hand."""
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def test_a_level_is_ordered_by_share_after_the_findings_without_one():
                 found("d", "high", 50.0), found("e", "high", 50.0), found("f", "medium", None)]
     ordered = [f["id"] for f in sorted(findings, key=verdicts.rank)]
     assert ordered == ["b", "d", "e", "a", "f", "c"]  # d before e: equal shares keep rule order
+    # A medium finding that sets the pace ranks as high, first of the shares: after the high
+    # findings without one, before every other.
+    pace = verdicts.finding("p", "medium", "evidence", "fix", None, share_pct=5.0, sets_pace=True)
+    ordered = [f["id"] for f in sorted([*findings, pace], key=verdicts.rank)]
+    assert ordered == ["b", "p", "d", "e", "a", "f", "c"]
 
 
 @pytest.mark.parametrize("run, top, below", [
@@ -39,7 +45,7 @@ def test_each_pairs_bottleneck_comes_before_a_smaller_share(run, top, below):
     ids = [f["id"] for f in findings]
     assert ids[0] == top and below in ids[1:], ids
     shares = [f["share_pct"] for f in findings if f["severity"] == findings[0]["severity"]
-              and f["share_pct"] is not None]
+              and f["share_pct"] is not None and not f["sets_pace"]]
     assert shares == sorted(shares, reverse=True)
 
 
