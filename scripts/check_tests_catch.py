@@ -173,9 +173,11 @@ EDITS = (
          'f["share_pct"] is not None,', 'f["share_pct"] is None,',
          ("tests/test_verdict_order.py",)),
     Edit("dataloader_workers reads any DataLoader iterator as workers", "common/analyze.py",
-         "(trace.MULTIPROCESS_LOADER_ITERATOR in columns.dataloader_iterators",
-         "(bool(columns.dataloader_iterators)",
+         "== {trace.MULTIPROCESS_LOADER_ITERATOR}", "!= set()",
          ("tests/test_analyze.py", "tests/test_real_traces.py")),
+    Edit("dataloader_workers reads a workers' iterator beside another as workers",
+         "common/analyze.py", "== {trace.MULTIPROCESS_LOADER_ITERATOR}",
+         ">= {trace.MULTIPROCESS_LOADER_ITERATOR}", ("tests/test_analyze.py",)),
 )
 
 
