@@ -102,11 +102,6 @@ class Run:
     requests: Requests | None = None
 
     @property
-    def data_wait_s(self) -> float | None:
-        """Seconds all steps so far spent getting their batches; None without a training step."""
-        return None if self.data_waits_s is None else sum(self.data_waits_s)
-
-    @property
     def batch_size(self) -> int:
         return self.preset.batch_size
 

@@ -165,12 +165,12 @@ def test_the_training_step_adds_up_its_wait_for_data(monkeypatch, tmp_path):
         clock.now_s += 2.0  # a blocking copy to a GPU, behind the step before's kernels
         return batch
 
-    assert run.data_wait_s is None  # a demo with its own step has no data wait to report
+    assert run.data_waits_s is None  # a demo with its own step has no data wait to report
     step = harness.training_step(run, model, optimizer, next_batch, loss_fn, to_device=to_device)
     started_s = clock.now_s
     step()
     step()
-    assert run.data_wait_s == pytest.approx(0.5)
+    assert run.data_waits_s == pytest.approx([0.25, 0.25])  # each step's wait
     # the copy ran, each step, outside the wait
     assert clock.now_s - started_s == pytest.approx(2 * (0.25 + 1.0 + 2.0))
 
