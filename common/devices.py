@@ -125,6 +125,11 @@ def cpu_native_bf16_flags() -> list[str]:
     return [flag for flag in CPU_NATIVE_BF16_FLAGS if flag in present]
 
 
+def cpu_bf16_matrix_units() -> bool:
+    """Whether this CPU multiplies BF16 matrices faster than FP32 (CPU_BF16_MATRIX_UNIT_FLAG)."""
+    return CPU_BF16_MATRIX_UNIT_FLAG in cpu_native_bf16_flags()
+
+
 def note_cpu_bf16(run: Run) -> None:
     """Say what a BF16 result on this CPU can and cannot show, before it is measured: the note
     promises nothing the number may contradict (compare prints the measured ratio)."""
@@ -147,6 +152,29 @@ def note_cpu_bf16(run: Run) -> None:
         run.notes.append(f"without AMX both variants run the smaller {run.preset_name} preset "
                          f"(2 blocks, 128 tokens, 4 steps): the slowdown is all there is to "
                          f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
+
+
+def bf16_where_fast(run: Run) -> torch.dtype | None:
+    """torch.bfloat16 where the device multiplies BF16 faster than FP32: a GPU with native BF16
+    (tensor cores), a CPU with AMX tiles (cpu_bf16_matrix_units). None elsewhere, where
+    BF16 is emulated, many times slower (the ladder's BF16 rung on a 2-core AMD EPYC with no AMX:
+    37.6 s a step against 1.09 s in FP32): the math stays FP32, as anyone on such a device would
+    keep it, the rung measures the same as the one before, and the run says why
+    (run.extra["bf16_kept_fp32"], a note)."""
+    if run.is_cuda:
+        fast = torch.cuda.is_bf16_supported(including_emulation=False)
+        why = (f"{device_name(run.device)} has no native BF16 (tensor cores of compute "
+               f"capability 8.0 or newer)")
+    else:
+        fast = cpu_bf16_matrix_units()
+        why = ("this CPU has no AMX tiles, so BF16 would be emulated (a 2-core AMD EPYC ran this "
+               "ladder's BF16 step 34x slower than FP32)")
+    run.extra["bf16_kept_fp32"] = not fast
+    if fast:
+        return torch.bfloat16
+    run.notes.append(f"{why}: the math stays FP32 here, and BF16's gain is a device's with BF16 "
+                     f"matrix units (a recent GPU's tensor cores, an AMX CPU)")
+    return None
 
 
 MB_PER_GB = trace.MB_PER_GB  # the harness imports it from here

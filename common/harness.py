@@ -12,7 +12,7 @@ step, outside the demos (README, "Your own script").
 The rooms below this one: runs.py (the Run, the profiler's schedule, the files a run writes),
 devices.py (device facts: CPU flags, BF16 peaks, TF32, the compile toolchain), profiling.py
 (measure() and profile_loop()). What a demo calls from them it calls as harness.<name>
-(imported here `as` itself: measure, profile_loop, full_fp32_matmuls,
+(imported here `as` itself: measure, profile_loop, bf16_where_fast, full_fp32_matmuls,
 require_compile_toolchain).
 """
 from __future__ import annotations
@@ -35,17 +35,17 @@ from torch.profiler import record_function
 
 from common import distributed, presets, trace
 from common.devices import (
-    CPU_BF16_MATRIX_UNIT_FLAG,
     KINETO_LOG_LEVEL_CPU,
     MB_PER_GB,
     cap_cuda_memory,
-    cpu_native_bf16_flags,
+    cpu_bf16_matrix_units,
     device_name,
     note_cpu_bf16,
     require_cuda_graphs,
     start_compile_log,
     tf32_in_force,
 )
+from common.devices import bf16_where_fast as bf16_where_fast
 from common.devices import full_fp32_matmuls as full_fp32_matmuls
 from common.devices import require_compile_toolchain as require_compile_toolchain
 from common.profiling import CPROFILE_ROWS, measure, stop_on_out_of_memory
@@ -176,7 +176,7 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
         dist_info = {"backend": backend, "world_size": distributed.world_size(), "mode": mode}
     name = presets.preset_name(device.type, flags.smoke, demo,
                                bf16_matrix_units=device.type != "cpu"
-                               or CPU_BF16_MATRIX_UNIT_FLAG in cpu_native_bf16_flags())
+                               or cpu_bf16_matrix_units())
     preset = presets.PRESETS[demo][name]
     if batch_size is not None:
         preset = replace(preset, batch_size=batch_size)

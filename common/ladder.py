@@ -30,6 +30,10 @@ CPU_SILENT_FIXES = {
     "jitter_on_device": "a CPU has no device to move the colour jitter to: the workers keep "
                         "it (and keep up), only the batches turn uint8",
 }
+# A BF16 rung that kept FP32 math (harness.bf16_where_fast: a device with no BF16 matrix units,
+# where emulated BF16 runs many times slower) made no change to name, on any device.
+KEPT_FP32_WHY = ("the rung kept FP32 math: this device has no BF16 matrix units, and emulated "
+                 "BF16 runs many times slower")
 # A finding that is no bottleneck to fix: start-up in the window (record later steps instead).
 NOT_ACTIONABLE = ("initialization",)
 
@@ -82,9 +86,9 @@ def ladder_rows(folder: Path) -> list[dict]:
     "holds", "breaks" (with what it named instead) or "skipped" (with the reason) for whether
     the top verdict names the next rung's fix; None on the last rung."""
     rungs = rung_folders(folder)
+    summaries = [json.loads((path / trace.SUMMARY_FILE).read_text()) for _, _, path in rungs]
     rows = []
-    for index, (k, fix, path) in enumerate(rungs):
-        summary = json.loads((path / trace.SUMMARY_FILE).read_text())
+    for index, ((k, fix, path), summary) in enumerate(zip(rungs, summaries)):
         result = analyze.analyze_trace(path)
         top = top_finding(result)
         row = {"rung": path.name, "k": k, "fix": fix, "device": summary["device"],
@@ -99,15 +103,18 @@ def ladder_rows(folder: Path) -> list[dict]:
         row["vs_first"] = None if first is None else row["samples_per_s"] / first["samples_per_s"]
         row["chain"] = None
         if index + 1 < len(rungs):
-            row["chain"] = chain_link(row, rungs[index + 1][1])
+            row["chain"] = chain_link(row, rungs[index + 1][1], summaries[index + 1])
         rows.append(row)
     return rows
 
 
-def chain_link(row: dict, next_fix: str) -> dict:
+def chain_link(row: dict, next_fix: str, next_summary: dict | None = None) -> dict:
     """Whether this rung's top verdict names `next_fix` (FIX_DEMO), or why no rule could on
-    this device (CPU_SILENT_FIXES)."""
+    this device (CPU_SILENT_FIXES), or why the next rung made no change here (its summary says
+    its BF16 kept FP32: KEPT_FP32_WHY)."""
     wanted = FIX_DEMO.get(next_fix)
+    if next_fix == "bf16" and (next_summary or {}).get("extra", {}).get("bf16_kept_fp32"):
+        return {"status": "skipped", "next_fix": next_fix, "why": KEPT_FP32_WHY}
     if row["device"] == "cpu" and next_fix in CPU_SILENT_FIXES:
         return {"status": "skipped", "next_fix": next_fix, "why": CPU_SILENT_FIXES[next_fix]}
     named = row["top"]["demo"] if row["top"] else None
@@ -129,7 +136,8 @@ def chain_words(link: dict | None) -> str:
     if link is None:
         return "the last rung"
     if link["status"] == "skipped":
-        return f"skipped on a CPU ({link['why']})"
+        where = "" if link["why"] == KEPT_FP32_WHY else " on a CPU"
+        return f"skipped{where} ({link['why']})"
     named = link["named"] or "nothing"
     if link["status"] == "holds":
         return f"names the next fix ({link['next_fix']}: see {named})"

@@ -109,6 +109,32 @@ def test_waterfall_and_chain_from_rows(tmp_path, monkeypatch):
                     "named": None}
 
 
+def test_a_bf16_rung_that_kept_fp32_is_skipped_with_its_reason_on_either_device(tmp_path,
+                                                                                 monkeypatch):
+    """A device with no BF16 matrix units keeps FP32 in the BF16 rung (harness.bf16_where_fast):
+    the rung made no change, so the link before it is skipped whatever the rung before named,
+    on a GPU too; a BF16 rung that did autocast is read as before."""
+    found = dict([rung_run(tmp_path, "rung2_batch", "cuda", 100.0,
+                           [{"id": "memory_bound_kernels", "demo": "launch_overhead"}]),
+                  rung_run(tmp_path, "rung3_bf16", "cuda", 101.0, [])])
+    monkeypatch.setattr(ladder.analyze, "analyze_trace", lambda path: {"findings": found[path]})
+    summary = tmp_path / "rung3_bf16" / trace.SUMMARY_FILE
+    kept = {"device": "cuda", "batch_size": 16, "samples_per_s": 101.0,
+            "extra": {"bf16_kept_fp32": True}}
+    summary.write_text(json.dumps(kept))
+    link = ladder.ladder_rows(tmp_path)[0]["chain"]
+    assert link == {"status": "skipped", "next_fix": "bf16", "why": ladder.KEPT_FP32_WHY}
+    assert ladder.chain_words(link) == f"skipped ({ladder.KEPT_FP32_WHY})"
+    summary.write_text(json.dumps({**kept, "extra": {"bf16_kept_fp32": False}}))
+    assert ladder.ladder_rows(tmp_path)[0]["chain"]["status"] == "breaks"
+    assert ladder.chain_words(ladder.chain_link({"device": "cpu"}, "batch")).startswith(
+        "skipped on a CPU (")
+    # the rungs after it keep FP32 too (their summaries say so), but make their own fixes
+    after = ladder.chain_link({"device": "cuda", "top": None}, "compile", kept)
+    assert after == {"status": "breaks", "next_fix": "compile", "wanted": "launch_overhead",
+                     "named": None}
+
+
 def test_compare_on_a_ladder_with_a_rung_missing_its_trace_is_one_line(tmp_path, capsys):
     """A rung folder with its summary but no trace (a copy half made, a trace deleted): compare
     says which folder in one line and exits 2, as for a pair, not a traceback."""

@@ -21,8 +21,8 @@ def main() -> None:
     model = torch.compile(model)  # one graph: small operations fused, fewer launches
     run.config["torch_compile"] = "default"
     optimizer = models.adamw(run, model, foreach=False)
-    # convolutions and matmuls in BF16: tensor cores on a GPU, half the bytes to move
-    harness.train(run, model, optimizer, loader, autocast_dtype=torch.bfloat16)
+    # convolutions and matmuls in BF16 on units made for it (tensor cores, AMX): half the bytes
+    harness.train(run, model, optimizer, loader, autocast_dtype=harness.bf16_where_fast(run))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ def main() -> None:
     run.config["torch_compile"] = "default"
     optimizer = models.adamw(run, model, **models.fused_or_foreach(run))  # one update for all
     batches = data.prefetch_to_device(loader, run, jitter=run.is_cuda)  # jittered one step early
-    # convolutions and matmuls in BF16: tensor cores on a GPU, half the bytes to move
-    harness.train(run, model, optimizer, batches, autocast_dtype=torch.bfloat16)
+    # convolutions and matmuls in BF16 on units made for it (tensor cores, AMX): half the bytes
+    harness.train(run, model, optimizer, batches, autocast_dtype=harness.bf16_where_fast(run))
 
 
 if __name__ == "__main__":
