@@ -154,21 +154,32 @@ def note_cpu_bf16(run: Run) -> None:
                          f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
 
 
+def cpu_bf16_slow_why() -> str:
+    """Why BF16 math is slow on this CPU, which has no AMX tiles: emulated, with no BF16
+    instructions at all, or no faster than FP32 with them (CPU_NATIVE_BF16_FLAGS)."""
+    flags = cpu_native_bf16_flags()
+    if flags:
+        return (f"this CPU has BF16 instructions ({', '.join(flags)}) but no AMX tiles, so BF16 "
+                f"matmuls run no faster than FP32 (0.68x the samples/s on mixed_precision)")
+    return ("this CPU has no BF16 instructions, so BF16 math is emulated, many times slower (on a "
+            "2-core AMD EPYC: the ladder's BF16 step 34x slower than FP32, the memory ladder's "
+            "first BF16 step 96.6 s against 1.9 s on a Xeon with AMX)")
+
+
 def bf16_where_fast(run: Run) -> torch.dtype | None:
     """torch.bfloat16 where the device multiplies BF16 faster than FP32: a GPU with native BF16
-    (tensor cores), a CPU with AMX tiles (cpu_bf16_matrix_units). None elsewhere, where
-    BF16 is emulated, many times slower (the ladder's BF16 rung on a 2-core AMD EPYC with no AMX:
-    37.6 s a step against 1.09 s in FP32): the math stays FP32, as anyone on such a device would
-    keep it, the rung measures the same as the one before, and the run says why
-    (run.extra["bf16_kept_fp32"], a note)."""
+    (tensor cores), a CPU with AMX tiles (cpu_bf16_matrix_units). None elsewhere, where BF16
+    runs no faster, or is emulated, many times slower (the ladder's BF16 rung on a 2-core AMD EPYC
+    with no BF16 instructions: 37.6 s a step against 1.09 s in FP32): the math stays FP32, as
+    anyone on such a device would keep it, the rung measures the same as the one before, and the
+    run says why (run.extra["bf16_kept_fp32"], a note)."""
     if run.is_cuda:
         fast = torch.cuda.is_bf16_supported(including_emulation=False)
         why = (f"{device_name(run.device)} has no native BF16 (tensor cores of compute "
                f"capability 8.0 or newer)")
     else:
         fast = cpu_bf16_matrix_units()
-        why = ("this CPU has no AMX tiles, so BF16 would be emulated (a 2-core AMD EPYC ran this "
-               "ladder's BF16 step 34x slower than FP32)")
+        why = "" if fast else cpu_bf16_slow_why()
     run.extra["bf16_kept_fp32"] = not fast
     if fast:
         return torch.bfloat16

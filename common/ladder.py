@@ -32,8 +32,8 @@ CPU_SILENT_FIXES = {
 }
 # A BF16 rung that kept FP32 math (harness.bf16_where_fast: a device with no BF16 matrix units,
 # where emulated BF16 runs many times slower) made no change to name, on any device.
-KEPT_FP32_WHY = ("the rung kept FP32 math: this device has no BF16 matrix units, and emulated "
-                 "BF16 runs many times slower")
+KEPT_FP32_WHY = ("the rung kept FP32 math: this device has no BF16 matrix units, and BF16 "
+                 "runs no faster than FP32 there, or emulated, many times slower")
 # A finding that is no bottleneck to fix: start-up in the window (record later steps instead).
 NOT_ACTIONABLE = ("initialization",)
 

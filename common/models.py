@@ -248,9 +248,7 @@ def attention_lm(run, attention: Callable, *, dtype: torch.dtype = torch.float32
         run.config["dtype"] = str(dtype).removeprefix("torch.")
     if dtype == torch.bfloat16 and not run.is_cuda and not devices.cpu_bf16_matrix_units():
         # said before the first step, which takes minutes here and prints nothing while it runs
-        note = ("this CPU has no AMX tiles, so its BF16 math is emulated, many times slower (the "
-                "memory ladder's rung 1 took 96.6 s for its first step on a 2-core AMD EPYC, "
-                "1.9 s on a Xeon with AMX); the memory it measures is the same")
+        note = f"{devices.cpu_bf16_slow_why()}; the memory it measures is the same"
         runs.log(run, f"note: {note}")
         run.notes.append(note)
     return model, torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)

@@ -110,8 +110,10 @@ def test_ladder_runs_every_rung_on_the_gpu(tmp_path):
         # From rung 3 the math is BF16 where the GPU has BF16 tensor cores, FP32 where it has none
         from_bf16 = row["k"] > list(ladder.FIX_DEMO).index("bf16")
         native = torch.cuda.is_bf16_supported(including_emulation=False)
-        # nothing skipped on a GPU, but the BF16 rung where it kept FP32
-        assert row["chain"] is None or row["chain"]["status"] != "skipped" or not native
+        # nothing skipped on a GPU, but the link to the BF16 rung where it kept FP32
+        skipped = row["chain"] is not None and row["chain"]["status"] == "skipped"
+        assert skipped is (not native and row["chain"] is not None
+                           and row["chain"]["next_fix"] == "bf16"), row["rung"]
         expected = "bfloat16" if from_bf16 and native else None
         assert summary["config"]["autocast_dtype"] == expected, row["rung"]
         assert summary["extra"].get("bf16_kept_fp32", False) is (from_bf16 and not native)
