@@ -173,16 +173,13 @@ def bf16_where_fast(run: Run) -> torch.dtype | None:
     with no BF16 instructions: 37.6 s a step against 1.09 s in FP32): the math stays FP32, as
     anyone on such a device would keep it, the rung measures the same as the one before, and the
     run says why (run.extra["bf16_kept_fp32"], a note)."""
-    if run.is_cuda:
-        fast = torch.cuda.is_bf16_supported(including_emulation=False)
-        why = (f"{device_name(run.device)} has no native BF16 (tensor cores of compute "
-               f"capability 8.0 or newer)")
-    else:
-        fast = cpu_bf16_matrix_units()
-        why = "" if fast else cpu_bf16_slow_why()
+    fast = (torch.cuda.is_bf16_supported(including_emulation=False) if run.is_cuda
+            else cpu_bf16_matrix_units())
     run.extra["bf16_kept_fp32"] = not fast
     if fast:
         return torch.bfloat16
+    why = (f"{device_name(run.device)} has no native BF16 (tensor cores of compute capability "
+           f"8.0 or newer)" if run.is_cuda else cpu_bf16_slow_why())
     run.notes.append(f"{why}: the math stays FP32 here, and BF16's gain is a device's with BF16 "
                      f"matrix units (a recent GPU's tensor cores, an AMX CPU)")
     return None
