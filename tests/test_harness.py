@@ -257,6 +257,26 @@ def test_bf16_where_fast_keeps_fp32_on_a_cpu_without_amx_and_says_so(monkeypatch
         [] if bf16 else [True])
 
 
+
+@pytest.mark.parametrize("native, name", [(True, "NVIDIA H100 80GB HBM3"), (False, "Tesla V100")])
+def test_bf16_where_fast_on_a_gpu_asks_for_native_bf16(monkeypatch, native, name):
+    """On a GPU the answer is torch's, without emulation counted (a V100 emulates BF16 and
+    reports it with including_emulation=True): FP32 and a note naming the GPU where it is not
+    native. The CUDA calls are stood in for: this checks what is asked and what is said."""
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return native or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    run = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), extra={}, notes=[])
+    assert devices.bf16_where_fast(run) == (torch.bfloat16 if native else None)
+    assert asked == [False] and run.extra["bf16_kept_fp32"] is (not native)
+    assert [(name in note and "no native BF16" in note and "stays FP32" in note)
+            for note in run.notes] == ([] if native else [True])
+
 # --- --memory-budget-gb ----------------------------------------------------------------------
 
 def cpu_run_with_budget(budget_mb: float | None) -> SimpleNamespace:
