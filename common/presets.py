@@ -4,7 +4,7 @@ where a CPU can; the smoke preset so a run takes seconds (tests, --smoke)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -26,8 +26,17 @@ class Preset:
 # rung 3 takes one that fills the device (the preset's).
 LADDER_FIRST_BATCH = 16  # samples per step
 
-# The preset a demo may add for a CPU without BF16 matrix units (mixed_precision only).
+# The preset a demo may add for a CPU without BF16 matrix units (mixed_precision's smaller
+# sizes, the memory ladder's fewer steps).
 CPU_WITHOUT_BF16_UNITS = "cpu_no_amx"
+
+# The memory ladder on a CPU: a quarter of the width and half the depth of its cuda preset over
+# 8 x 1024 tokens: rung 0's tensors peak at 1.26 GB, its process at 2.34 GB resident, ~3.7 s a
+# step on a 2-core Xeon. The budget, 0.9 GB with PyTorch's own ~0.5 GB in it, is one that only
+# the last rung (0.83 GB) fits: every fix is needed.
+MEMORY_LADDER_CPU = Preset(batch_size=8, steps=4, warmup_steps=1, memory_budget_gb=0.9,
+                           sizes=dict(vocab=1024, d_model=256, heads=4, blocks=4, seq_len=1024,
+                                      mlp_ratio=4))
 
 PRESETS: dict[str, dict[str, Preset]] = {
     "dataloader_workers": {
@@ -169,13 +178,13 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "cuda": Preset(batch_size=16, steps=10, warmup_steps=2, memory_budget_gb=16.0,
                        sizes=dict(vocab=8192, d_model=1024, heads=16, blocks=8, seq_len=2048,
                                   mlp_ratio=4)),
-        # A quarter of the width and half the depth over 8 x 1024 tokens: rung 0's tensors peak at
-        # 1.26 GB, its process at 2.34 GB resident, ~3.7 s a step on a 2-core Xeon. The budget,
-        # 0.9 GB with PyTorch's own ~0.5 GB in it, is one that only the last rung (0.83 GB)
-        # fits: every fix is needed.
-        "cpu": Preset(batch_size=8, steps=4, warmup_steps=1, memory_budget_gb=0.9,
-                      sizes=dict(vocab=1024, d_model=256, heads=4, blocks=4, seq_len=1024,
-                                 mlp_ratio=4)),
+        "cpu": MEMORY_LADDER_CPU,
+        # A CPU without AMX tiles emulates the BF16 rungs' math (their BF16 weights are the memory
+        # lesson, so they keep them): the cpu preset's 9 steps a rung (1 warm-up, 4 timed, 4 with
+        # the profiler) ran past 10 minutes on a 2-core AMD EPYC, its first step 96.6 s. The same
+        # sizes and budget (the fit needs them), the fewest steps that measure: 1 timed, 1 recorded
+        # (4 steps: rung 1 took 411 s there, 100 s a step, its tensors' peak the same 631 MB).
+        CPU_WITHOUT_BF16_UNITS: replace(MEMORY_LADDER_CPU, steps=1, recorded_steps=1),
         # Every rung fits, with room: the process alone is ~0.75 GB resident at these sizes, so a
         # fit here would be PyTorch's size, not the rungs'. Tests read the table, not the fit.
         "smoke": Preset(batch_size=4, steps=2, warmup_steps=1, memory_budget_gb=2.0,

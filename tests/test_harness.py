@@ -62,7 +62,8 @@ def test_steps_must_be_a_positive_whole_number(flag, steps, capsys):
 
 def test_every_demo_has_the_three_presets_and_gpu_batches_are_not_smaller():
     for demo, by_kind in presets.PRESETS.items():
-        extra = {presets.CPU_WITHOUT_BF16_UNITS} if demo == "mixed_precision" else set()
+        extra = ({presets.CPU_WITHOUT_BF16_UNITS} if demo in ("mixed_precision", "memory_ladder")
+                 else set())
         assert set(by_kind) == {"cuda", "cpu", "smoke"} | extra, demo
         assert by_kind["cuda"].batch_size >= by_kind["cpu"].batch_size >= by_kind["smoke"].batch_size
         assert by_kind["smoke"].steps <= 5  # smoke runs must stay seconds long
@@ -224,10 +225,14 @@ def test_a_cuda_trace_without_kernels_stops_the_run(monkeypatch, capsys, tmp_pat
     ("fpu sse2 avx2", "mixed_precision", "cpu_no_amx"),  # no BF16 at all (an AMD EPYC)
     ("avx512f avx512_bf16", "mixed_precision", "cpu_no_amx"),  # BF16 dot products, no AMX
     ("avx512f avx512_bf16 amx_bf16 amx_tile", "mixed_precision", "cpu"),  # AMX tiles
-    ("fpu sse2 avx2", "dataloader_workers", "cpu"),  # only mixed_precision has the extra preset
+    ("fpu sse2 avx2", "memory_ladder", "cpu_no_amx"),  # fewer steps, the same sizes
+    ("avx512f avx512_bf16 amx_bf16 amx_tile", "memory_ladder", "cpu"),
+    ("fpu sse2 avx2", "dataloader_workers", "cpu"),  # only those two have the extra preset
 ])
-def test_mixed_precision_runs_small_on_a_cpu_without_bf16_units(monkeypatch, tmp_path, flags,
-                                                                demo, expected):
+def test_a_cpu_without_bf16_units_gets_the_demo_s_own_preset(monkeypatch, tmp_path, flags, demo,
+                                                             expected):
+    """mixed_precision runs smaller without AMX; the memory ladder fewer steps, at the sizes and
+    budget its fit is measured at."""
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
     monkeypatch.setattr(devices, "CPUINFO_PATH", cpuinfo)
@@ -235,6 +240,11 @@ def test_mixed_precision_runs_small_on_a_cpu_without_bf16_units(monkeypatch, tmp
         run = harness.setup(demo, variant, ["--device", "cpu"])
         assert run.preset_name == expected
         assert run.preset == presets.PRESETS[demo][expected] and run.steps == run.preset.steps
+        if demo == "memory_ladder":
+            cpu = presets.PRESETS[demo]["cpu"]
+            assert (run.sizes, run.memory_budget_mb) == (
+                cpu.sizes, cpu.memory_budget_gb * devices.MB_PER_GB)
+            assert run.total_steps == (4 if expected == "cpu_no_amx" else 9)
     assert harness.setup(demo, "bad", ["--device", "cpu", "--smoke"]).preset_name == "smoke"
 
 
