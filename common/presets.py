@@ -183,7 +183,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
         # lesson, so they keep them): the cpu preset's 9 steps a rung (1 warm-up, 4 timed, 4 with
         # the profiler) ran past 10 minutes on a 2-core AMD EPYC, its first step 96.6 s. The same
         # sizes and budget (the fit needs them), the fewest steps that measure: 1 timed, 1 recorded
-        # (the five rungs then took 32 minutes there; the tensors' peaks and the fit were the Xeon's).
+        # (the five rungs then took 32 minutes there; the tensors' peaks and the fit: the Xeon's).
         CPU_WITHOUT_BF16_UNITS: replace(MEMORY_LADDER_CPU, steps=1, recorded_steps=1),
         # Every rung fits, with room: the process alone is ~0.75 GB resident at these sizes, so a
         # fit here would be PyTorch's size, not the rungs'. Tests read the table, not the fit.
