@@ -43,6 +43,16 @@ def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess
                           text=True, timeout=DEMO_RUN_TIMEOUT_S, env=env)
 
 
+def cpu_with_flags(monkeypatch, tmp_path: Path, flags: str) -> None:
+    """This process reads a /proc/cpuinfo whose one processor has `flags` (devices.CPUINFO_PATH):
+    a CPU with or without BF16 instructions and AMX tiles, whatever this machine's is."""
+    from common import devices  # here: conftest itself stays free of torch
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(devices, "CPUINFO_PATH", cpuinfo)
+
+
 def read_summary(out: Path, demo: str, variant: str) -> dict:
     return json.loads((out / demo / variant / "summary.json").read_text())
 

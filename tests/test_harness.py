@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common import devices, harness, presets, profiling, runs
-from tests.conftest import ROOT, read_summary, run_demo
+from tests.conftest import ROOT, cpu_with_flags, read_summary, run_demo
 
 
 def test_defaults(monkeypatch):
@@ -233,9 +233,7 @@ def test_a_cpu_without_bf16_units_gets_the_demo_s_own_preset(monkeypatch, tmp_pa
                                                              expected):
     """mixed_precision runs smaller without AMX; the memory ladder fewer steps, at the sizes and
     budget its fit is measured at."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(devices, "CPUINFO_PATH", cpuinfo)
+    cpu_with_flags(monkeypatch, tmp_path, flags)
     for variant in ("bad", "fixed"):  # the same preset for both: compare checks it
         run = harness.setup(demo, variant, ["--device", "cpu"])
         assert run.preset_name == expected
@@ -257,15 +255,12 @@ def test_bf16_where_fast_keeps_fp32_on_a_cpu_without_amx_and_says_so(monkeypatch
                                                                        flags, bf16, why):
     """The ladder's BF16 rungs autocast only where BF16 is faster; elsewhere the math stays FP32,
     the summary's extra says so (the chain reads it) and a note says why, in this CPU's case."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(devices, "CPUINFO_PATH", cpuinfo)
+    cpu_with_flags(monkeypatch, tmp_path, flags)
     run = harness.setup("ladder", "rung3_bf16", ["--device", "cpu", "--smoke"])
     assert harness.bf16_where_fast(run) == (torch.bfloat16 if bf16 else None)
     assert run.extra["bf16_kept_fp32"] is (not bf16)
     assert [(why in note and "stays FP32" in note) for note in run.notes] == (
         [] if bf16 else [True])
-
 
 
 @pytest.mark.parametrize("native, name", [(True, "NVIDIA H100 80GB HBM3"), (False, "Tesla V100")])
@@ -286,6 +281,7 @@ def test_bf16_where_fast_on_a_gpu_asks_for_native_bf16(monkeypatch, native, name
     assert asked == [False] and run.extra["bf16_kept_fp32"] is (not native)
     assert [(name in note and "no native BF16" in note and "stays FP32" in note)
             for note in run.notes] == ([] if native else [True])
+
 
 # --- --memory-budget-gb ----------------------------------------------------------------------
 

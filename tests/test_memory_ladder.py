@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common import compare, devices, harness, ladder, models, presets, profiling, report, trace
+from common import compare, harness, ladder, models, presets, profiling, report, trace
 from common.harness import training_step
-from tests.conftest import ROOT, load_script
+from tests.conftest import ROOT, cpu_with_flags, load_script
 from tests.test_ladder import FIX_MAX_CHANGED_LINES, code_lines
 
 run_demos = load_script("run_demos")
@@ -261,9 +261,7 @@ def test_bf16_weights_on_a_cpu_without_amx_say_before_the_first_step_that_it_is_
     no progress line inside it: the run says why before it starts, and keeps the note (BF16
     instructions without AMX: no faster than FP32); FP32 weights, or a CPU with AMX tiles
     (emulated None), say nothing of it."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(devices, "CPUINFO_PATH", cpuinfo)
+    cpu_with_flags(monkeypatch, tmp_path, flags)
     run = harness.setup("memory_ladder", "rung1_bf16", ["--device", "cpu", "--smoke",
                                                         "--out", str(tmp_path / "out")])
     models.attention_lm(run, attention=models.naive_attention, dtype=torch.float32)
