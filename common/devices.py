@@ -148,10 +148,13 @@ def note_cpu_bf16(run: Run) -> None:
     else:
         run.notes.append("no native BF16 on this CPU; the speed-up needs tensor cores "
                          "(BF16 is emulated here, so expect a slowdown on this CPU)")
-    if run.preset_name == presets.CPU_WITHOUT_BF16_UNITS:
+    if run.preset_name == presets.CPU_WITHOUT_BF16_UNITS:  # each demo has its own such preset
+        sizes, steps = run.preset.sizes, run.steps
         run.notes.append(f"without AMX both variants run the smaller {run.preset_name} preset "
-                         f"(2 blocks, 128 tokens, 4 steps): the slowdown is all there is to "
-                         f"show, and the cpu preset's emulated BF16 takes ~18 s a step")
+                         f"({sizes['blocks']} blocks, {sizes['seq_len']} tokens, {steps} timed "
+                         f"step{'s' if steps != 1 else ''}): the slowdown is all there is to "
+                         f"show, and at {run.demo}'s cpu preset an emulated BF16 step took "
+                         f"{presets.CPU_EMULATED_BF16_STEP_S[run.demo]:g} s on a 2-core AMD EPYC")
 
 
 def cpu_bf16_slow_why() -> str:

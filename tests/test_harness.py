@@ -246,6 +246,20 @@ def test_a_cpu_without_bf16_units_gets_the_demo_s_own_preset(monkeypatch, tmp_pa
     assert harness.setup(demo, "bad", ["--device", "cpu", "--smoke"]).preset_name == "smoke"
 
 
+@pytest.mark.parametrize("demo, variant", [("mixed_precision", "fixed"),
+                                            ("memory_ladder", "rung1_bf16")])
+def test_the_cpu_no_amx_note_gives_the_run_s_own_sizes(monkeypatch, tmp_path, demo, variant):
+    """The note on BF16 under the smaller preset states that run's blocks, tokens and steps, and
+    the emulated step measured for that demo, not another demo's."""
+    cpu_with_flags(monkeypatch, tmp_path, "fpu sse2 avx2")
+    run = harness.setup(demo, variant, ["--device", "cpu"])
+    devices.note_cpu_bf16(run)
+    [note] = [note for note in run.notes if "cpu_no_amx preset" in note]
+    sizes = run.preset.sizes
+    assert f"({sizes['blocks']} blocks, {sizes['seq_len']} tokens, {run.steps} timed step" in note
+    assert f"{presets.CPU_EMULATED_BF16_STEP_S[demo]:g} s" in note and f"at {demo}'s" in note
+
+
 @pytest.mark.parametrize("flags, bf16, why", [
     ("fpu sse2 avx2", False, "emulated"),  # no BF16 at all (an AMD EPYC): 34x slower a step
     ("avx512f avx512_bf16", False, "no faster than FP32"),  # BF16 dot products, no AMX
