@@ -27,6 +27,7 @@ from common.host_ops import (
     CPU_SHORT_OP_US,
     HOST_OP_CAUSE_PREFIX,
     cpu_run_metrics,
+    operators,
     with_host_work_ops,
 )
 from common.idle_causes import (
@@ -157,10 +158,54 @@ def gpu_unrecorded_warning(calls: int, device: str) -> str | None:
 
 # --- The whole analysis. -------------------------------------------------------------------------
 
+def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[float, float],
+                     regions) -> bool:
+    """Whether the steps hold nothing a rule reads: no PyTorch operator, no GPU work, no
+    DataLoader span, collective call or host region. The profiler writes such a trace when it
+    stops in a schedule's warm-up (a loop that ends mid-cycle: at exit it records the cut cycle's
+    step, empty), beside the full trace before it."""
+    def meets(spans: Spans, lo: float, hi: float) -> bool:
+        return bool(((spans.end > lo) & (spans.start < hi)).any())
+
+    ours = operators(columns)  # not the harness's regions written as operators
+    host = (Spans(columns.cpu_ops.start[ours], columns.cpu_ops.end[ours]), columns.dataloader,
+            columns.collective_spans, columns.collective_ops, regions.segments)
+    return not (any(meets(spans, *host_window) for spans in host)
+                or any(meets(spans, *window)
+                       for spans in (columns.kernels, columns.memcpy, columns.memset)))
+
+
+RECORDED_NOTHING_WARNING = (
+    "the steps hold no PyTorch operator, GPU work, DataLoader span, collective call or host "
+    "region, so no rule has anything to read: no verdicts. A profiler that stops in its "
+    "schedule's warm-up writes such a trace at exit, after the full one (a loop that ends "
+    "mid-cycle); or the steps ran no PyTorch code")
+
+
 def analyze(path: Path) -> Analysis:
-    """Analyse the trace at `path` (a file, or a run directory: its newest trace).
-    Raises trace.TraceError for unreadable input."""
-    trace_path = trace.newest_trace(path)
+    """Analyse the trace at `path`: a file, or a run directory's newest trace, or, where that one
+    recorded nothing in its steps (recorded_nothing), the newest that did, with a warning
+    naming both. Raises trace.TraceError for unreadable input."""
+    newest = trace.newest_trace(path)
+    analysis = analyze_file(newest)
+    if not analysis.result["recorded_nothing"] or not Path(path).is_dir():
+        return analysis
+    for older in reversed(trace.trace_files(path)[:-1]):
+        try:
+            candidate = analyze_file(older)
+        except trace.TraceError:
+            continue  # a broken older trace (a killed run's) is no candidate
+        if not candidate.result["recorded_nothing"]:
+            candidate.result["warnings"].insert(0, (
+                f"read {older.name}, not the folder's newest trace, {newest.name}, whose steps "
+                f"hold nothing a rule reads (a profiler stopped in its "
+                f"schedule's warm-up writes such a trace at exit)"))
+            return candidate
+    return analysis
+
+
+def analyze_file(trace_path: Path) -> Analysis:
+    """Analyse the trace file at `trace_path`. Raises trace.TraceError for unreadable input."""
     columns = read_trace(trace_path)
 
     host = host_steps(columns)
@@ -284,12 +329,15 @@ def analyze(path: Path) -> Analysis:
     # Not on a GPU run without its GPU: the signals compare with the GPU's work, which it lacks.
     metrics["initialization"] = (initialization_regime(columns, host, steps)
                                  if has_gpu or not gpu_run else None)
-    metrics["findings"] = findings_for(metrics)
+    # Steps with no operator and no GPU work in them: every share would be of nothing.
+    metrics["recorded_nothing"] = recorded_nothing(columns, window, host_window, regions)
+    metrics["findings"] = [] if metrics["recorded_nothing"] else findings_for(metrics)
     # Events the profiler wrote that cannot be true, left out of every number above, by kind.
     metrics["impossible_events"] = columns.impossible
     # A GPU run the profiler recorded without its GPU: said, and read as no GPU (no GPU rules).
     metrics["gpu_unrecorded_calls"] = unrecorded_calls
     metrics["warnings"] = [line for line in (
+        RECORDED_NOTHING_WARNING if metrics["recorded_nothing"] else None,
         sanity.warning_line(columns.impossible),
         initialization_regime_warning(metrics["initialization"]),
         gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"])) if line]
@@ -315,7 +363,10 @@ def analyze_ranks(run_dir: Path) -> dict | None:
     files = trace.trace_files(run_dir)
     if len(files) < 2:
         return None
-    results = [analyze_trace(path) for path in files]
+    try:
+        results = [analyze_trace(path) for path in files]
+    except trace.TraceError:
+        return None  # a broken trace (a killed run's) among them: the newest alone is read
     ranks = [(r["distributed"] or {}).get("rank") for r in results]
     if None in ranks or len(set(ranks)) != len(ranks):
         return None

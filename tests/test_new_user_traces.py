@@ -4,6 +4,9 @@ step. Hand-built traces pin each rule at its edges; the committed CPU runs check
 real traces of the pairs that teach them."""
 from __future__ import annotations
 
+import gzip
+import os
+
 import pytest
 
 from common import analyze
@@ -300,3 +303,58 @@ def test_runtime_calls_inside_a_host_operator_are_not_its_work(tmp_path):
     idle = analyze.analyze_trace(t.write(tmp_path / "t.json"))["gpu"]["idle_by_cause_pct"]
     # Left of the operator: 10 µs before the call and 10 after it, per step.
     assert idle.get("CPU op aten::empty_strided", 0.0) < 100 * 3 * 25 / (3 * STEP_US)
+
+
+# --- A loop that ends mid-schedule: the profiler's empty trace of the cut cycle. ----------------
+
+def test_steps_without_an_operator_or_gpu_work_give_no_verdict_and_say_so(tmp_path):
+    """A step that holds no operator and no GPU work records nothing to judge: no verdicts (the
+    CPU rules would read all of it as Python between operators) and a warning; one operator in
+    it and the rules read it again."""
+    empty = KinetoTrace()
+    empty.step(5, 0.0, 32.0)
+    result = analyze.analyze_trace(empty.write(tmp_path / "empty.json"))
+    assert result["recorded_nothing"] and result["findings"] == []
+    assert result["warnings"] == [analyze.RECORDED_NOTHING_WARNING]
+    empty.op("aten::add", 2.0, 1.0)
+    result = analyze.analyze_trace(empty.write(tmp_path / "one_op.json"))
+    assert not result["recorded_nothing"] and result["warnings"] == []
+    assert [found["id"] for found in result["findings"]] == ["python_between_ops"]
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
+def test_a_loop_that_ends_mid_schedule_is_read_from_its_full_trace(tmp_path, capsys):
+    """torch.profiler with schedule(warmup=1, active=3) over 5 steps writes the cycle's trace and,
+    at exit, one of the cut second cycle, whose step holds nothing. The folder's newest trace is
+    that one: the analyzer reads the full trace and names both files."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=tensorboard_trace_handler(str(tmp_path))) as profiler:
+        for _ in range(5):
+            model(torch.randn(8, 64)).sum().backward()
+            profiler.step()
+    full, cut = sorted(tmp_path.iterdir(), key=lambda path: path.stat().st_size, reverse=True)
+    os.utime(cut, (full.stat().st_mtime + 1,) * 2)  # written last, as it is: no tie to break
+    alone = analyze.analyze_trace(cut)
+    assert alone["recorded_nothing"] and alone["findings"] == []
+    result = analyze.analyze_trace(tmp_path)
+    assert result["trace"] == str(full) and result["steps"] == 3
+    assert not result["recorded_nothing"]
+    assert full.name in result["warnings"][0] and cut.name in result["warnings"][0]
+    assert analyze.main([str(tmp_path)]) == 0
+    assert f"read {full.name}, not the folder's newest trace" in capsys.readouterr().out
+
+
+def test_a_broken_older_trace_in_the_folder_does_not_stop_the_newest(tmp_path, capsys):
+    """A killed run's truncated trace beside the newest: the folder reads as its newest trace
+    (not as two ranks, one unreadable)."""
+    good = unrecorded_gpu_trace(launches=0).write(tmp_path / "new.pt.trace.json")
+    broken = tmp_path / "old.pt.trace.json.gz"
+    broken.write_bytes(gzip.compress(good.read_bytes())[:200])
+    os.utime(broken, (good.stat().st_mtime - 60,) * 2)
+    assert analyze.main([str(tmp_path)]) == 0
+    assert f"trace        {good}" in capsys.readouterr().out
+    assert analyze.main([str(broken)]) == 2  # alone, it is still the one-line error

@@ -371,6 +371,8 @@ def test_cpu_only_trace_by_hand():
     result = cli_json("cpu_only_gloo_rank34.json.gz")
     assert result["step_ms"]["mean"] == pytest.approx(float(step["dur"]) / 1000)
     assert result["gpu"] is None and result["findings"] == []
+    # Its step holds no operator but two gloo collective calls: something recorded, no warning.
+    assert not result["recorded_nothing"] and result["warnings"] == []
 
 
 def test_peak_memory_by_hand():
