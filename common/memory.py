@@ -152,6 +152,8 @@ def outermost_operator(outer: dict, ts: np.ndarray, thread: np.ndarray,
     not wanted."""
     found = np.full(ts.size, -1)
     for tid, (start, end, index) in outer.items():
+        if not start.size:  # a thread that allocates and runs no operator
+            continue
         mine = np.flatnonzero(wanted & (thread == tid))
         k = np.searchsorted(start, ts[mine], side="right") - 1
         hit = (k >= 0) & (ts[mine] <= end[np.maximum(k, 0)])

@@ -256,6 +256,17 @@ def test_the_outermost_operator_on_the_allocating_thread_is_the_source(tmp_path)
     assert old["peak_phases_from"] == "regions"
 
 
+def test_an_allocation_on_a_thread_without_operators_has_none(tmp_path):
+    """A block allocated, and kept, on a thread that runs no operator (a pinning thread's, say):
+    its operator is none, not another thread's and not an error."""
+    memory_of = loop_trace(steps=3, keep=False)
+    memory_of.alloc(START_US + STEP_US + 500, 3.0, tid=55)  # in step 2, never freed
+    found = analysed(tmp_path, memory_of.write())["memory"]
+    [kept] = found["kept_by_operator"]
+    # per step of the two that can keep (all but the last)
+    assert kept["operator"] == memory.NO_OPERATOR and kept["mb_per_step"] == pytest.approx(3.0 / 2)
+
+
 def test_without_regions_phases_come_from_autograd_and_torch_optim(tmp_path):
     """No forward/backward regions: backward is autograd's operators and its own thread, the
     optimizer torch.optim's spans (step and zero_grad), forward null (it reads as other)."""
