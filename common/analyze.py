@@ -356,7 +356,7 @@ def analyze_trace(path: Path) -> dict:
 
 def analyze_ranks(run_dir: Path) -> dict | None:
     """For a run directory holding the traces of several ranks of one torch.distributed job (each
-    with its rank in distributedInfo, all different): {"ranks": every rank's analyze_trace
+    with its rank in distributedInfo, all different, one world size and backend): {"ranks": every rank's analyze_trace
     result, rank order; "cross_rank": step time and time in collectives per rank, the slowest
     rank and the one that waits least in collectives (a straggler is the rank the others wait
     for: it waits least)}. None for any other directory."""
@@ -369,6 +369,11 @@ def analyze_ranks(run_dir: Path) -> dict | None:
         return None  # a broken trace (a killed run's) among them: the newest alone is read
     ranks = [(r["distributed"] or {}).get("rank") for r in results]
     if None in ranks or len(set(ranks)) != len(ranks):
+        return None
+    # One job: every trace says the same world size and backend (a reused folder may hold
+    # ranks of two jobs, rank 3 of 8 beside rank 1 of 2: no cross-rank view of them).
+    if len({(r["distributed"]["world_size"], r["distributed"]["backend"])
+            for r in results}) != 1:
         return None
     results = [r for _, r in sorted(zip(ranks, results), key=lambda pair: pair[0])]
     step_ms = {r["distributed"]["rank"]: r["step_ms"]["mean"] for r in results}

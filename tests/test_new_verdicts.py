@@ -229,8 +229,16 @@ def test_a_folder_of_ranks_gets_the_cross_rank_view(tmp_path, capsys):
     assert analyze.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rank 1 waits least in collectives (1.0 ms/step, 1.0 ms less than the most)" in out
+    # Ranks of two jobs (another world size, or backend, in one of them): no cross-rank view.
+    rank1 = tmp_path / "ddp_rank1.1.pt.trace.json"
+    as_written = rank1.read_text()
+    for other in ({"world_size": 8}, {"backend": "nccl"}):
+        data = json.loads(as_written)
+        data["distributedInfo"].update(other)
+        rank1.write_text(json.dumps(data))
+        assert analyze.analyze_ranks(tmp_path) is None
     # One trace, or traces that are not distinct ranks: the newest trace, as before.
-    (tmp_path / "ddp_rank1.1.pt.trace.json").unlink()
+    rank1.unlink()
     assert analyze.analyze_ranks(tmp_path) is None
 
 
