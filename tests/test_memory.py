@@ -267,6 +267,33 @@ def test_an_allocation_on_a_thread_without_operators_has_none(tmp_path):
     assert kept["operator"] == memory.NO_OPERATOR and kept["mb_per_step"] == pytest.approx(3.0 / 2)
 
 
+def test_shared_memory_blocks_outside_the_total_count_in_no_part(tmp_path):
+    """A DataLoader worker's batch arrives in shared memory, whose allocator (ATen's MapAllocator)
+    writes its [memory] events with Total Allocated 0: read as the others, each pulled the curve
+    to 0 and its bytes into the step's parts but not into the total, so "before the steps" went
+    below what was there. Left out, the parts add up to the peak as before."""
+    memory_of = loop_trace(steps=3, keep=False)
+    built = memory_of.write()
+    batch = int(2.0 * MB)
+    for index in range(3):
+        t0 = START_US + index * STEP_US
+        for at, nbytes, reserved in ((t0 + 5, batch, batch), (t0 + 950, -batch, 0)):
+            built.events.append({
+                "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",
+                "pid": built.cpu_pid, "tid": built.cpu_pid, "ts": at,
+                "args": {"Total Reserved": reserved, "Total Allocated": 0, "Bytes": nbytes,
+                         "Device Id": -1, "Device Type": CPU, "Addr": 0x7F0000000000}})
+    path = built.write(tmp_path / "shared.json")
+    analysis = analyze.analyze(path)
+    found = analysis.result["memory"]
+    assert found["peak_breakdown_mb"]["before_steps"] == pytest.approx(BASE_MB)
+    parts = sum(value or 0.0 for value in found["peak_breakdown_mb"].values())
+    assert parts == pytest.approx(found["steps_peak_allocated_mb"])
+    assert analysis.memory_mb.min() >= BASE_MB  # never the shared block's 0
+    assert analysis.memory_mb.size == len(
+        [e for e in built.events if e.get("name") == "[memory]"]) - 6
+
+
 def test_without_regions_phases_come_from_autograd_and_torch_optim(tmp_path):
     """No forward/backward regions: backward is autograd's operators and its own thread, the
     optimizer torch.optim's spans (step and zero_grad), forward null (it reads as other)."""
