@@ -175,11 +175,13 @@ def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[fl
                        for spans in (columns.kernels, columns.memcpy, columns.memset)))
 
 
+# Where such a trace comes from, in both warnings that meet one.
+CUT_CYCLE_TRACE = ("a profiler that stops in its schedule's warm-up writes such a trace at exit, "
+                   "after the full one (a loop that ends mid-cycle)")
 RECORDED_NOTHING_WARNING = (
-    "the steps hold no PyTorch operator, GPU work, DataLoader span, collective call or host "
-    "region, so no rule has anything to read: no verdicts. A profiler that stops in its "
-    "schedule's warm-up writes such a trace at exit, after the full one (a loop that ends "
-    "mid-cycle); or the steps ran no PyTorch code")
+    f"the steps hold no PyTorch operator, GPU work, DataLoader span, collective call or host "
+    f"region, so no rule has anything to read: no verdicts. {CUT_CYCLE_TRACE.capitalize()}; or "
+    f"the steps ran no PyTorch code")
 
 
 def analyze(path: Path) -> Analysis:
@@ -198,8 +200,7 @@ def analyze(path: Path) -> Analysis:
         if not candidate.result["recorded_nothing"]:
             candidate.result["warnings"].insert(0, (
                 f"read {older.name}, not the folder's newest trace, {newest.name}, whose steps "
-                f"hold nothing a rule reads (a profiler stopped in its "
-                f"schedule's warm-up writes such a trace at exit)"))
+                f"hold nothing a rule reads: {CUT_CYCLE_TRACE}"))
             return candidate
     return analysis
 
@@ -356,10 +357,10 @@ def analyze_trace(path: Path) -> dict:
 
 def analyze_ranks(run_dir: Path) -> dict | None:
     """For a run directory holding the traces of several ranks of one torch.distributed job (each
-    with its rank in distributedInfo, all different, one world size and backend): {"ranks": every rank's analyze_trace
-    result, rank order; "cross_rank": step time and time in collectives per rank, the slowest
-    rank and the one that waits least in collectives (a straggler is the rank the others wait
-    for: it waits least)}. None for any other directory."""
+    with its rank in distributedInfo, all different, one world size and backend): {"ranks":
+    every rank's analyze_trace result, rank order; "cross_rank": step time and time in
+    collectives per rank, the slowest rank and the one that waits least in collectives (a
+    straggler is the rank the others wait for: it waits least)}. None for any other directory."""
     files = trace.trace_files(run_dir)
     if len(files) < 2:
         return None

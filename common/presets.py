@@ -30,15 +30,15 @@ LADDER_FIRST_BATCH = 16  # samples per step
 # sizes, the memory ladder's fewer steps).
 CPU_WITHOUT_BF16_UNITS = "cpu_no_amx"
 
-# The memory ladder on a CPU: a quarter of the width and half the depth of its cuda preset over
-# 8 x 1024 tokens: rung 0's tensors peak at 1.26 GB, its process at 2.34 GB resident, ~3.7 s a
-# step on a 2-core Xeon. The budget, 0.9 GB with PyTorch's own ~0.5 GB in it, is one that only
-# the last rung (0.83 GB) fits: every fix is needed.
 # Why those demos have it: a BF16 step at the demo's cpu preset where BF16 is emulated, in
 # seconds, measured on a 2-core AMD EPYC with no BF16 instructions (the memory ladder's: rung 1's
 # first step; see each preset's comment).
 CPU_EMULATED_BF16_STEP_S = {"mixed_precision": 18.5, "memory_ladder": 96.6}
 
+# The memory ladder on a CPU: a quarter of the width and half the depth of its cuda preset over
+# 8 x 1024 tokens: rung 0's tensors peak at 1.26 GB, its process at 2.34 GB resident, ~3.7 s a
+# step on a 2-core Xeon. The budget, 0.9 GB with PyTorch's own ~0.5 GB in it, is one that only
+# the last rung (0.83 GB) fits: every fix is needed.
 MEMORY_LADDER_CPU = Preset(batch_size=8, steps=4, warmup_steps=1, memory_budget_gb=0.9,
                            sizes=dict(vocab=1024, d_model=256, heads=4, blocks=4, seq_len=1024,
                                       mlp_ratio=4))

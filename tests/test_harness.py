@@ -393,3 +393,11 @@ def test_out_of_memory_anywhere_is_one_line_exit_2_and_nothing_left(tmp_path, wh
     assert result.stderr.startswith("error: over the memory budget: item_sync/bad")
     assert "--memory-budget-gb 2 on" in result.stderr
     assert not stale.exists()
+
+
+def test_every_cpu_no_amx_preset_has_its_measured_emulated_step():
+    """note_cpu_bf16 quotes the demo's measured emulated BF16 step under its cpu_no_amx preset:
+    a demo given that preset without the measurement would stop there with a KeyError."""
+    with_preset = {demo for demo, by_name in presets.PRESETS.items()
+                   if presets.CPU_WITHOUT_BF16_UNITS in by_name}
+    assert with_preset == set(presets.CPU_EMULATED_BF16_STEP_S)
