@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
 REFERENCE_DIR = ROOT / "traces" / "reference"  # committed runs: written only on purpose
 VARIANTS = compare.VARIANTS
+POLL_S = 0.05  # how often a run looks for a script that has ended
 
 
 def available_demos() -> list[str]:
@@ -59,7 +65,9 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("demos", nargs="*", metavar="DEMO", help="demos to run (default: all)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="passed to every script (default: auto)")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes and few steps")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes and few steps; with --device cpu the scripts run in "
+                             "forks of one process that imported torch once (scripts/forks.py)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps, passed to every script (default: each preset's)")
     parser.add_argument("--recorded-steps", type=int, default=None, metavar="N",
@@ -105,11 +113,9 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     return flags
 
 
-def run_variant(demo: str, variant: str, flags: argparse.Namespace,
-                output: list[str] | None = None) -> bool:
-    """Run one script; whether it succeeded. Its output goes to the console, or with `output`
-    (scripts run at once) into that list, to be printed whole when it ends."""
-    command = [sys.executable, str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
+def script_command(demo: str, variant: str, flags: argparse.Namespace) -> list[str]:
+    """The script and the flags it is run with: the same for a fresh process and a fork."""
+    command = [str(DEMOS_DIR / demo / f"{variant}.py"), "--device", flags.device,
                "--out", str(flags.out)] + (["--smoke"] if flags.smoke else [])
     command += ["--with-stack"] if flags.with_stack else []
     command += [arg for flag, value in (("--steps", flags.steps),
@@ -117,20 +123,96 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace,
                                         ("--seed", flags.seed),
                                         ("--memory-budget-gb", flags.memory_budget_gb))
                 if value is not None for arg in (flag, str(value))]
-    started = datetime.now(timezone.utc).replace(microsecond=0)  # created_utc: whole seconds
-    if output is None:
-        returncode = subprocess.run(command, cwd=ROOT).returncode
-    else:
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-        returncode = done.returncode
-        output.append(done.stdout)
-    # A rung over its memory budget on a GPU stops at the cap (exit code 2) and leaves a record of
-    # it, this run's: the memory ladder's result for that rung, not a failure.
+    return command
+
+
+def forks_scripts(flags: argparse.Namespace) -> bool:
+    """Whether the scripts run in forks of one process that imported torch once (scripts/
+    forks.py): a smoke run on the CPU only. A timed run starts each script afresh, so that its
+    process and its memory are its own (the memory ladder's CPU fit reads the peak resident
+    memory), and so does a run that may use CUDA, which works in a fork only where the parent
+    never touched it."""
+    return flags.smoke and flags.device == "cpu"
+
+
+@dataclass
+class Forks:
+    """scripts/forks.py, started for this run: the scripts' exit codes as it replies them."""
+    process: subprocess.Popen
+    replies_fd: int
+    ended: dict[int, int] = field(default_factory=dict)  # request id -> exit code
+    unread: bytes = b""
+    asked: int = 0
+
+    def start(self, command: list[str], log: Path | None) -> Callable[[], int | None]:
+        request = {"id": self.asked, "command": command, "cwd": str(ROOT),
+                   "log": None if log is None else str(log)}
+        self.asked += 1
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+        return lambda: self.exit_code(request["id"])
+
+    def exit_code(self, request_id: int) -> int | None:
+        while select.select([self.replies_fd], [], [], 0)[0]:
+            chunk = os.read(self.replies_fd, 65536)
+            if not chunk:
+                break
+            *lines, self.unread = (self.unread + chunk).split(b"\n")
+            for line in filter(None, lines):
+                request_id, code = map(int, line.split())
+                self.ended[request_id] = code
+        if request_id not in self.ended and self.process.poll() is not None:
+            raise RuntimeError(f"scripts/forks.py ended (exit code {self.process.returncode}) "
+                               f"before script {request_id} did; its error is above")
+        return self.ended.get(request_id)
+
+    def close(self) -> None:
+        self.process.stdin.close()  # the end of its requests: it waits for its forks and exits
+        self.process.wait()
+        os.close(self.replies_fd)
+
+
+def start_forks() -> Forks:
+    replies_fd, reply_end = os.pipe()
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forks.py")),
+                                str(reply_end)], stdin=subprocess.PIPE, pass_fds=[reply_end])
+    os.close(reply_end)
+    return Forks(process, replies_fd)
+
+
+def start_script(command: list[str], forks: Forks | None,
+                 log: Path | None) -> Callable[[], int | None]:
+    """Start one script, in a fork of `forks` or in a process of its own, its output to `log`
+    (or the console); returns its poll: its exit code once it has ended, None while it runs."""
+    if forks is not None:
+        return forks.start(command, log)
+    if log is None:
+        return subprocess.Popen([sys.executable, *command], cwd=ROOT).poll
+    with open(log, "w") as output:  # the script has its own copy of the file
+        return subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=output,
+                                stderr=subprocess.STDOUT).poll
+
+
+def succeeded(demo: str, variant: str, returncode: int, started: datetime,
+              flags: argparse.Namespace) -> bool:
+    """Whether the script that started at `started` succeeded. A rung over its memory budget on
+    a GPU stops at the cap (exit code 2) and leaves a record of it, this run's: the memory
+    ladder's result for that rung, not a failure."""
     record = flags.out / demo / variant / trace.OUT_OF_MEMORY_FILE
     over_budget = (record.is_file()
                    and (report.created(json.loads(record.read_text())) or started) >= started)
     return returncode == 0 or (returncode == 2 and over_budget)
+
+
+def run_variant(demo: str, variant: str, flags: argparse.Namespace,
+                forks: Forks | None = None) -> bool:
+    """Run one script (in a fork of `forks`, if given), its output to the console; whether it
+    succeeded."""
+    began = datetime.now(timezone.utc).replace(microsecond=0)  # created_utc: whole seconds
+    poll = start_script(script_command(demo, variant, flags), forks, log=None)
+    while (code := poll()) is None:
+        time.sleep(POLL_S)
+    return succeeded(demo, variant, code, began, flags)
 
 
 def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
@@ -143,21 +225,37 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
         print(f"\n=== [{index}/{len(runs)}] {demo}/{variant} "
               f"({time.perf_counter() - started:.0f} s elapsed)", flush=True)
 
-    if flags.jobs == 1:
-        for index, (demo, variant) in enumerate(runs, start=1):
-            header(index, demo, variant)
-            yield run_variant(demo, variant, flags), demo, variant
-        return
-    with ThreadPoolExecutor(max_workers=flags.jobs) as pool:
-        outputs = [[] for _ in runs]
-        futures = [pool.submit(run_variant, demo, variant, flags, output)
-                   for (demo, variant), output in zip(runs, outputs)]
-        for index, ((demo, variant), future, output) in enumerate(zip(runs, futures, outputs),
-                                                                  start=1):
-            done = future.result()  # in order: each script's output whole, as one job prints it
-            header(index, demo, variant)
-            print("".join(output), end="", flush=True)
-            yield done, demo, variant
+    forks = start_forks() if forks_scripts(flags) else None
+    logs = Path(tempfile.mkdtemp(prefix="run_demos_"))  # with --jobs: each script's output
+    try:
+        if flags.jobs == 1:
+            for index, (demo, variant) in enumerate(runs, start=1):
+                header(index, demo, variant)
+                yield run_variant(demo, variant, flags, forks), demo, variant
+            return
+        # Several at once, each one's output into a file, printed whole when it ends, in order.
+        running: dict[int, tuple[Callable[[], int | None], datetime]] = {}
+        ended: dict[int, bool] = {}
+        queued = iter(enumerate(runs))
+        for printing, (demo, variant) in enumerate(runs):
+            while printing not in ended:
+                while len(running) < flags.jobs and (item := next(queued, None)):
+                    index, command = item[0], script_command(*item[1], flags)
+                    began = datetime.now(timezone.utc).replace(microsecond=0)
+                    running[index] = start_script(command, forks, logs / f"{index}.log"), began
+                for index, (poll, began) in list(running.items()):
+                    if (code := poll()) is not None:
+                        del running[index]
+                        ended[index] = succeeded(*runs[index], code, began, flags)
+                if printing not in ended:
+                    time.sleep(POLL_S)
+            header(printing + 1, demo, variant)
+            print((logs / f"{printing}.log").read_text(errors="replace"), end="", flush=True)
+            yield ended[printing], demo, variant
+    finally:
+        if forks is not None:
+            forks.close()
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

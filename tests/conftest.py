@@ -80,8 +80,10 @@ def assert_timing_is_consistent(summary: dict) -> None:
 # One logdir holds every run the plugin tests read, written before TensorBoard starts: the plugin
 # reads a run folder once, when it first sees a trace in it.
 RUN_DEMOS_TIMEOUT_S = 900  # every pair in smoke mode takes seconds each; this only stops a hang
-# Smoke scripts at once: a smoke script is mostly Python and PyTorch starting on one core, so
-# two (the CI machine's cores) nearly halve the run's 230 s; smoke timings are no benchmark.
+# Smoke scripts at once: two, the CI machine's cores. On the CPU the scripts run in forks of one
+# process that imported torch once (scripts/forks.py): 152 s on a 2-core EPYC against 320 s with
+# a process of its own per script, which spent most of its time importing. Smoke timings are no
+# benchmark.
 SMOKE_JOBS = 2
 # The plugin parses each trace in a process of its own: every run here (the smoke pairs, the
 # CPU-preset pair, six real GPU traces) loads in about 60 s on 2 cores. A limit 10x that only

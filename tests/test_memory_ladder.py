@@ -238,15 +238,15 @@ def test_run_demos_takes_a_rung_out_of_memory_as_a_result(tmp_path, monkeypatch,
     with an earlier run's, it is a failure."""
     folder = tmp_path / "memory_ladder" / "rung0_baseline"
 
-    def script(command, cwd):
+    def script(command, flags, log):
         if record_age_s is not None:
             folder.mkdir(parents=True, exist_ok=True)
             when = datetime.now(timezone.utc) + timedelta(seconds=record_age_s)
             (folder / trace.OUT_OF_MEMORY_FILE).write_text(json.dumps(
                 {"created_utc": when.isoformat(timespec="seconds")}))
-        return SimpleNamespace(returncode=returncode)
+        return lambda: returncode  # its poll: ended, with this exit code
 
-    monkeypatch.setattr(run_demos.subprocess, "run", script)
+    monkeypatch.setattr(run_demos, "start_script", script)
     flags = Namespace(device="cuda", out=tmp_path, smoke=True, with_stack=False, steps=None,
                       seed=None, memory_budget_gb=None, recorded_steps=None)
     assert run_demos.run_variant("memory_ladder", "rung0_baseline", flags) is counts_as_run

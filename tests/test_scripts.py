@@ -35,14 +35,20 @@ def one_line(text: str) -> str:
 # A fake demo script does what its name says, as a real one would be seen by run_demos.py:
 # "ok" leaves a fresh run (a copy of a prepared one, dated now), "fail" exits 1, "silent" exits 0
 # and writes nothing.
+# "raise" ends in an error, "message" in sys.exit(a message). "ok" also writes process.json (how it
+# was run) and, from an exit handler, at_exit.txt.
 FAKE_SCRIPT = """
-import json, shutil, sys
+import atexit, json, os, shutil, sys
 from datetime import datetime, timezone
 from pathlib import Path
 behaviour, template = {behaviour!r}, Path({template!r})
 here = Path(__file__)
 if behaviour == "fail":
     sys.exit(1)
+if behaviour == "raise":
+    raise ValueError("the fake script's own error")
+if behaviour == "message":
+    sys.exit("the fake script's message")
 if behaviour == "ok":
     out = Path(sys.argv[sys.argv.index("--out") + 1]) / here.parent.name / here.stem
     shutil.copytree(template / here.parent.name / here.stem, out, dirs_exist_ok=True)
@@ -50,6 +56,9 @@ if behaviour == "ok":
     summary["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     (out / "summary.json").write_text(json.dumps(summary))
     (out / "argv.json").write_text(json.dumps(sys.argv[1:]))
+    (out / "process.json").write_text(json.dumps(dict(
+        name=__name__, cwd=os.getcwd(), path0=sys.path[0], torch="torch" in sys.modules)))
+    atexit.register((out / "at_exit.txt").write_text, "ran")
 """
 
 
@@ -167,6 +176,35 @@ def test_run_demos_jobs_run_smoke_scripts_at_once_and_print_each_whole_in_order(
         argv = json.loads((fake_demos.out / "healthy" / variant / "argv.json").read_text())
         assert "--smoke" in argv
     assert "2.00x more samples/s" in printed.out
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_run_demos_smoke_on_the_cpu_runs_each_script_in_a_fork_as_python_would(fake_demos, capfd,
+                                                                            jobs):
+    """--smoke --device cpu: the scripts run in forks of one process that imported torch once
+    (scripts/forks.py; a fresh `python` has not), each as `python <script>` would run it: as
+    __main__, from the root, its own folder first on sys.path, its exit handlers run, and
+    sys.exit(1), sys.exit(a message) and an error (its traceback printed) are failures. A run on
+    another device starts each script afresh."""
+    fake_demos.add("broken", bad="raise", fixed="message")
+    fake_demos.add("healthy")
+    assert fake_demos.main(["--out", str(fake_demos.out), "--smoke", "--device", "cpu",
+                            "--jobs", jobs]) == 1
+    printed = capfd.readouterr()
+    assert printed.err.strip().splitlines()[-1] == "failed: broken/bad, broken/fixed"
+    written = printed.out + printed.err
+    assert "Traceback" in written and "ValueError: the fake script's own error" in written
+    assert "the fake script's message" in written
+    assert "2.00x more samples/s" in printed.out
+    for variant in ("bad", "fixed"):
+        folder = fake_demos.out / "healthy" / variant
+        assert json.loads((folder / "process.json").read_text()) == {
+            "name": "__main__", "cwd": str(fake_demos.root),
+            "path0": str(fake_demos.module.DEMOS_DIR / "healthy"), "torch": True}
+        assert (folder / "at_exit.txt").read_text() == "ran"
+    assert fake_demos.main(["healthy", "--out", str(fake_demos.out), "--smoke"]) == 0
+    assert json.loads((fake_demos.out / "healthy" / "bad" / "process.json").read_text())[
+        "torch"] is False  # --device auto: a process of its own
 
 
 @pytest.mark.parametrize("args, says", [

@@ -1,0 +1,122 @@
+"""Run demo scripts in forks of one process that imported torch once (run_demos.py starts it for a
+smoke run on the CPU: the imports are most of a smoke script's time, 7.8 of 13 s on 2 cores).
+
+    python scripts/forks.py REPLIES_FD
+
+This process is fresh: it imports PRELOADED_MODULES and nothing of its caller's, so a fork holds
+what `python <script>` would hold after its imports, exit handlers included. Each line on stdin
+asks for one script, as JSON: {"id": 3, "command": ["demos/x/bad.py", "--smoke", ...],
+"cwd": "/repo", "log": "/tmp/3.log" or null (the console)}. Each fork runs its script as
+__main__ and ends as the interpreter would (threads joined, exit handlers run, the exit code of
+sys.exit or 1 after an error's traceback); "<id> <exit code>" is written to REPLIES_FD when it
+has ended. At the end of stdin, this process waits for its forks and exits.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import runpy
+import select
+import sys
+import threading
+import traceback
+
+# What a script imports before its first step: torch, torchvision, and torch._dynamo, which an
+# optimizer's constructor pulls in.
+PRELOADED_MODULES = ("torch", "torchvision", "torch._dynamo", "common.harness", "common.data",
+                     "common.models")
+POLL_S = 0.05  # how often this process looks for a fork that has ended
+
+
+def exit_code(code: object) -> int:
+    """What the interpreter exits with after sys.exit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_script(command: list[str], cwd: str, log: str | None) -> int:
+    """In the fork: run `python <command>` here, from `cwd`, its output to `log` (or the
+    console); its exit code."""
+    nothing = os.open(os.devnull, os.O_RDONLY)  # not this process's stdin: the requests
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    if log is not None:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+    os.chdir(cwd)
+    sys.argv = list(command)
+    sys.path[0] = os.path.dirname(os.path.abspath(command[0]))  # as for `python <script>`
+    code = 1
+    try:
+        runpy.run_path(command[0], run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = exit_code(stop.code)
+    except BaseException:  # noqa: BLE001 - as the interpreter does with an error that ends it
+        traceback.print_exc()
+    threading._shutdown()  # joins non-daemon threads, as at exit (multiprocessing does too)
+    atexit._run_exitfuncs()
+    return code
+
+
+def fork(request: dict, replies_fd: int) -> int:
+    """Start one fork for `request`; its pid."""
+    sys.stdout.flush()  # else the fork writes this process's buffered lines a second time
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.close(replies_fd)
+        code = run_script(request["command"], request["cwd"], request["log"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def serve(replies_fd: int) -> None:
+    for name in PRELOADED_MODULES:
+        importlib.import_module(name)
+    import torch
+
+    if torch.cuda.is_initialized():  # a fork cannot use CUDA its parent initialized
+        sys.exit("forks.py: an import initialized CUDA; the scripts cannot run in forks")
+    running: dict[int, int] = {}  # pid -> request id
+    requests, pending = sys.stdin.buffer, b""
+    while True:
+        readable, _, _ = select.select([requests], [], [], POLL_S)
+        if readable:
+            chunk = os.read(requests.fileno(), 65536)
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in filter(None, lines):
+                request = json.loads(line)
+                running[fork(request, replies_fd)] = request["id"]
+        reap(running, replies_fd, block=False)
+    while running:
+        reap(running, replies_fd, block=True)
+
+
+def reap(running: dict[int, int], replies_fd: int, block: bool) -> None:
+    """Reply for each fork that has ended (waiting for one, with `block`)."""
+    while running:
+        pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        if not pid:
+            return
+        os.write(replies_fd, f"{running.pop(pid)} {os.waitstatus_to_exitcode(status)}\n".encode())
+        block = False
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
