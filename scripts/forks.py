@@ -78,9 +78,11 @@ def fork(request: dict, replies_fd: int) -> int:
     try:
         os.close(replies_fd)
         code = run_script(request["command"], request["cwd"], request["log"])
+    except BaseException:  # noqa: BLE001 - a fork that could not start its script says why
+        traceback.print_exc()
+    finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    finally:
         os._exit(code)
 
 
@@ -114,9 +116,16 @@ def reap(running: dict[int, int], replies_fd: int, block: bool) -> None:
         pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
         if not pid:
             return
-        os.write(replies_fd, f"{running.pop(pid)} {os.waitstatus_to_exitcode(status)}\n".encode())
+        reply = f"{running.pop(pid)} {os.waitstatus_to_exitcode(status)}\n".encode()
+        try:
+            os.write(replies_fd, reply)
+        except BrokenPipeError:
+            pass  # run_demos.py has gone; the other forks still end and are reaped
         block = False
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    try:
+        serve(int(sys.argv[1]))
+    except KeyboardInterrupt:  # Ctrl-C stops the forks too (one process group): no traceback
+        sys.exit(130)

@@ -159,8 +159,8 @@ class Forks:
                 break
             *lines, self.unread = (self.unread + chunk).split(b"\n")
             for line in filter(None, lines):
-                request_id, code = map(int, line.split())
-                self.ended[request_id] = code
+                replied_id, code = map(int, line.split())
+                self.ended[replied_id] = code
         if request_id not in self.ended and self.process.poll() is not None:
             raise RuntimeError(f"scripts/forks.py ended (exit code {self.process.returncode}) "
                                f"before script {request_id} did; its error is above")
@@ -226,7 +226,7 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
               f"({time.perf_counter() - started:.0f} s elapsed)", flush=True)
 
     forks = start_forks() if forks_scripts(flags) else None
-    logs = Path(tempfile.mkdtemp(prefix="run_demos_"))  # with --jobs: each script's output
+    logs = None
     try:
         if flags.jobs == 1:
             for index, (demo, variant) in enumerate(runs, start=1):
@@ -234,6 +234,7 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
                 yield run_variant(demo, variant, flags, forks), demo, variant
             return
         # Several at once, each one's output into a file, printed whole when it ends, in order.
+        logs = Path(tempfile.mkdtemp(prefix="run_demos_"))
         running: dict[int, tuple[Callable[[], int | None], datetime]] = {}
         ended: dict[int, bool] = {}
         queued = iter(enumerate(runs))
@@ -250,12 +251,14 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
                 if printing not in ended:
                     time.sleep(POLL_S)
             header(printing + 1, demo, variant)
-            print((logs / f"{printing}.log").read_text(errors="replace"), end="", flush=True)
+            log = logs / f"{printing}.log"  # none if the script failed before it started
+            print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
             yield ended[printing], demo, variant
     finally:
         if forks is not None:
             forks.close()
-        shutil.rmtree(logs, ignore_errors=True)
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

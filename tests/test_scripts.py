@@ -35,10 +35,11 @@ def one_line(text: str) -> str:
 # A fake demo script does what its name says, as a real one would be seen by run_demos.py:
 # "ok" leaves a fresh run (a copy of a prepared one, dated now), "fail" exits 1, "silent" exits 0
 # and writes nothing.
-# "raise" ends in an error, "message" in sys.exit(a message). "ok" also writes process.json (how it
-# was run) and, from an exit handler, at_exit.txt.
+# "raise" ends in an error, "message" in sys.exit(a message), "slow-fail" in exit code 3 after two
+# lines 2 s apart. "ok" also writes process.json (how it was run) and, from an exit handler,
+# at_exit.txt.
 FAKE_SCRIPT = """
-import atexit, json, os, shutil, sys
+import atexit, json, os, shutil, sys, time
 from datetime import datetime, timezone
 from pathlib import Path
 behaviour, template = {behaviour!r}, Path({template!r})
@@ -49,6 +50,11 @@ if behaviour == "raise":
     raise ValueError("the fake script's own error")
 if behaviour == "message":
     sys.exit("the fake script's message")
+if behaviour == "slow-fail":
+    print("slow start", flush=True)
+    time.sleep(2)
+    print("slow end")
+    sys.exit(3)
 if behaviour == "ok":
     out = Path(sys.argv[sys.argv.index("--out") + 1]) / here.parent.name / here.stem
     shutil.copytree(template / here.parent.name / here.stem, out, dirs_exist_ok=True)
@@ -184,14 +190,20 @@ def test_run_demos_smoke_on_the_cpu_runs_each_script_in_a_fork_as_python_would(f
     """--smoke --device cpu: the scripts run in forks of one process that imported torch once
     (scripts/forks.py; a fresh `python` has not), each as `python <script>` would run it: as
     __main__, from the root, its own folder first on sys.path, its exit handlers run, and
-    sys.exit(1), sys.exit(a message) and an error (its traceback printed) are failures. A run on
-    another device starts each script afresh."""
+    sys.exit(a code), sys.exit(a message) and an error (its traceback printed) are failures. Each
+    script's exit code and whole output are its own, under its own header, where a slow failing
+    script runs beside a fast one that succeeds. A run on another device starts each script
+    afresh."""
     fake_demos.add("broken", bad="raise", fixed="message")
     fake_demos.add("healthy")
+    fake_demos.add("slow", bad="slow-fail")
     assert fake_demos.main(["--out", str(fake_demos.out), "--smoke", "--device", "cpu",
                             "--jobs", jobs]) == 1
     printed = capfd.readouterr()
-    assert printed.err.strip().splitlines()[-1] == "failed: broken/bad, broken/fixed"
+    assert printed.err.strip().splitlines()[-1] == "failed: broken/bad, broken/fixed, slow/bad"
+    slow_bad = printed.out.split("slow/bad (")[1].split("\n=== ")[0]
+    assert "slow start" in slow_bad and "slow end" in slow_bad
+    assert "slow: no comparison (a run failed)" in printed.out
     written = printed.out + printed.err
     assert "Traceback" in written and "ValueError: the fake script's own error" in written
     assert "the fake script's message" in written
