@@ -204,11 +204,17 @@ def succeeded(demo: str, variant: str, returncode: int, started: datetime,
     return returncode == 0 or (returncode == 2 and over_budget)
 
 
+def now_whole_s() -> datetime:
+    """Now, in whole seconds as a summary's created_utc is: when a script starts, for
+    succeeded() to tell this run's out-of-memory record from an earlier one's."""
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
 def run_variant(demo: str, variant: str, flags: argparse.Namespace,
                 forks: Forks | None = None) -> bool:
     """Run one script (in a fork of `forks`, if given), its output to the console; whether it
     succeeded."""
-    began = datetime.now(timezone.utc).replace(microsecond=0)  # created_utc: whole seconds
+    began = now_whole_s()
     poll = start_script(script_command(demo, variant, flags), forks, log=None)
     while (code := poll()) is None:
         time.sleep(POLL_S)
@@ -242,7 +248,7 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
             while printing not in ended:
                 while len(running) < flags.jobs and (item := next(queued, None)):
                     index, command = item[0], script_command(*item[1], flags)
-                    began = datetime.now(timezone.utc).replace(microsecond=0)
+                    began = now_whole_s()
                     running[index] = start_script(command, forks, logs / f"{index}.log"), began
                 for index, (poll, began) in list(running.items()):
                     if (code := poll()) is not None:
