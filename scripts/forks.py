@@ -6,7 +6,9 @@ smoke run on the CPU: the imports are most of a smoke script's time, 7.8 of 13 s
 This process is fresh: it imports PRELOADED_MODULES and nothing of its caller's, so a fork holds
 what `python <script>` would hold after its imports, exit handlers included. Each line on stdin
 asks for one script, as JSON: {"id": 3, "command": ["demos/x/bad.py", "--smoke", ...],
-"cwd": "/repo", "log": "/tmp/3.log" or null (the console)}. Each fork runs its script as
+"cwd": "/repo", "log": "/tmp/3.log" or null (the console)}, and may add "stderr": a file for its
+standard error apart from the log, and "timeout_s": seconds after which SIGALRM ends the fork (a
+hung script). Each fork runs its script as
 __main__ and ends as the interpreter would (threads joined, exit handlers run, the exit code of
 sys.exit or 1 after an error's traceback); "<id> <exit code>" is written to REPLIES_FD when it
 has ended. At the end of stdin, this process waits for its forks and exits.
@@ -16,9 +18,11 @@ from __future__ import annotations
 import atexit
 import importlib
 import json
+import math
 import os
 import runpy
 import select
+import signal
 import sys
 import threading
 import traceback
@@ -40,17 +44,28 @@ def exit_code(code: object) -> int:
     return 1
 
 
-def run_script(command: list[str], cwd: str, log: str | None) -> int:
+def write_to(path: str, *fds: int) -> None:
+    """Point the file descriptors `fds` at the file `path`, made anew."""
+    opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in fds:
+        os.dup2(opened, fd)
+    os.close(opened)
+
+
+def run_script(command: list[str], cwd: str, log: str | None, stderr: str | None = None,
+               timeout_s: float | None = None) -> int:
     """In the fork: run `python <command>` here, from `cwd`, its output to `log` (or the
-    console); its exit code."""
+    console) and its standard error there too, or to `stderr`; its exit code. Past `timeout_s`,
+    SIGALRM ends it (its default action: the script installs no handler of its own)."""
     nothing = os.open(os.devnull, os.O_RDONLY)  # not this process's stdin: the requests
     os.dup2(nothing, 0)
     os.close(nothing)
     if log is not None:
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
+        write_to(log, 1, 2)
+    if stderr is not None:
+        write_to(stderr, 2)
+    if timeout_s is not None:
+        signal.alarm(max(1, math.ceil(timeout_s)))  # alarm() counts whole seconds
     os.chdir(cwd)
     sys.argv = list(command)
     sys.path[0] = os.path.dirname(os.path.abspath(command[0]))  # as for `python <script>`
@@ -77,7 +92,8 @@ def fork(request: dict, replies_fd: int) -> int:
     code = 1
     try:
         os.close(replies_fd)
-        code = run_script(request["command"], request["cwd"], request["log"])
+        code = run_script(request["command"], request["cwd"], request["log"],
+                          request.get("stderr"), request.get("timeout_s"))
     except BaseException:  # noqa: BLE001 - a fork that could not start its script says why
         traceback.print_exc()
     finally:

@@ -144,9 +144,13 @@ class Forks:
     unread: bytes = b""
     asked: int = 0
 
-    def start(self, command: list[str], log: Path | None) -> Callable[[], int | None]:
+    def start(self, command: list[str], log: Path | None, stderr: Path | None = None,
+              timeout_s: float | None = None) -> Callable[[], int | None]:
+        """Ask for one script (forks.py: `stderr` apart from `log`, if given; ended by SIGALRM
+        past `timeout_s`); returns its poll, as start_script's."""
         request = {"id": self.asked, "command": command, "cwd": str(ROOT),
-                   "log": None if log is None else str(log)}
+                   "log": None if log is None else str(log),
+                   "stderr": None if stderr is None else str(stderr), "timeout_s": timeout_s}
         self.asked += 1
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
         self.process.stdin.flush()
@@ -172,10 +176,12 @@ class Forks:
         os.close(self.replies_fd)
 
 
-def start_forks() -> Forks:
+def start_forks(env: dict[str, str] | None = None) -> Forks:
+    """scripts/forks.py, under `env` (this process's environment if None)."""
     replies_fd, reply_end = os.pipe()
     process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forks.py")),
-                                str(reply_end)], stdin=subprocess.PIPE, pass_fds=[reply_end])
+                                str(reply_end)], stdin=subprocess.PIPE, pass_fds=[reply_end],
+                               env=env)
     os.close(reply_end)
     return Forks(process, replies_fd)
 

@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -21,6 +23,7 @@ from tests.synthetic_traces import gpu_training_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_RUN_TIMEOUT_S = 300  # a smoke run takes seconds; this only stops a hung run
+DEMO_FORK_POLL_S = 0.05  # how often run_demo looks for its fork's end (run_demos.py's POLL_S)
 
 
 def load_script(name: str):
@@ -33,14 +36,86 @@ def load_script(name: str):
     return module
 
 
-def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess:
-    script = ROOT / "demos" / demo / f"{variant}.py"
-    # This tree's common/ first: the interpreter may have another checkout installed (PYTHON=...,
-    # or a .venv made by one), which a script run by path would otherwise import.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+def demo_env() -> dict[str, str]:
+    """This process's environment, with this tree's common/ first: the interpreter may have
+    another checkout installed (PYTHON=..., or a .venv made by one), which a script run by path
+    would otherwise import."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=DEMO_RUN_TIMEOUT_S, env=env)
+
+
+@dataclass
+class DemoForks:
+    """scripts/forks.py for the tests' demo runs on the CPU (run_demos.Forks, started once)."""
+    forks: object  # run_demos.Forks
+    env: dict[str, str]  # the environment it started under: its forks have this one
+    lock: threading.Lock  # the tests run demos from threads too; one reads the replies at a time
+
+
+DEMO_FORKS: list[DemoForks] = []  # the one started, once a test has asked for it
+DEMO_FORKS_LOCK = threading.Lock()
+
+
+def demo_forks(env: dict[str, str]) -> DemoForks | None:
+    """The process to fork demo runs from, started on first use; None if it started under
+    another environment (a test changed os.environ since): a fork would not have the change."""
+    with DEMO_FORKS_LOCK:
+        if not DEMO_FORKS:
+            run_demos = load_script("run_demos")
+            DEMO_FORKS.append(DemoForks(run_demos.start_forks(env), env, threading.Lock()))
+    return DEMO_FORKS[0] if same_env(DEMO_FORKS[0].env, env) else None
+
+
+def same_env(started: dict[str, str], now: dict[str, str]) -> bool:
+    """Whether `now` is the environment `started` was, but for the name of the test pytest is
+    running (PYTEST_CURRENT_TEST, which it sets for each)."""
+    def without_test(env: dict[str, str]) -> dict[str, str]:
+        return {name: value for name, value in env.items() if name != "PYTEST_CURRENT_TEST"}
+    return without_test(started) == without_test(now)
+
+
+def close_demo_forks() -> None:
+    for started in DEMO_FORKS:
+        started.forks.close()  # its forks have ended: each is a finished run_demo
+
+
+def pytest_sessionfinish(session) -> None:
+    close_demo_forks()
+
+
+def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess:
+    """`python demos/<demo>/<variant>.py <args>` from the root, as a user runs it. On the CPU
+    (--device cpu), in a fork of one process that imported torch once (scripts/forks.py, as the
+    smoke run's scripts are): a fresh `python` spends 7.8 s of a smoke script's 13 s on 2 cores
+    importing, and the suite runs about 20 of these. Anywhere else (--device auto or cuda), a
+    process of its own, as run_demos.sh gives a run that may use CUDA."""
+    command = [str(ROOT / "demos" / demo / f"{variant}.py"), *args]
+    env = demo_env()
+    on_the_cpu = any(args[i:i + 2] == ("--device", "cpu") for i in range(len(args)))
+    forks = demo_forks(env) if on_the_cpu else None
+    if forks is None:
+        return subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True,
+                              text=True, timeout=DEMO_RUN_TIMEOUT_S, env=env)
+    return run_in_fork(forks, command, DEMO_RUN_TIMEOUT_S)
+
+
+def run_in_fork(forks: DemoForks, command: list[str],
+                timeout_s: float) -> subprocess.CompletedProcess:
+    """`python <command>` from the root in a fork of `forks`, as subprocess.run would answer it
+    (its standard output and error apart); SIGALRM ends it past `timeout_s` (exit code -14)."""
+    with tempfile.TemporaryDirectory(prefix="run_demo_") as logs:
+        stdout, stderr = Path(logs, "stdout"), Path(logs, "stderr")
+        with forks.lock:
+            poll = forks.forks.start(command, stdout, stderr, timeout_s)
+        while True:
+            with forks.lock:
+                code = poll()
+            if code is not None:
+                break
+            time.sleep(DEMO_FORK_POLL_S)
+        return subprocess.CompletedProcess([sys.executable, *command], code,
+                                           stdout.read_text(errors="replace"),
+                                           stderr.read_text(errors="replace"))
 
 
 def cpu_with_flags(monkeypatch, tmp_path: Path, flags: str) -> None:
@@ -85,9 +160,10 @@ RUN_DEMOS_TIMEOUT_S = 900  # every pair in smoke mode takes seconds each; this o
 # a process of its own per script, which spent most of its time importing. Smoke timings are no
 # benchmark.
 SMOKE_JOBS = 2
-# The plugin parses each trace in a process of its own: every run here (the smoke pairs, the
-# CPU-preset pair, six real GPU traces) loads in about 60 s on 2 cores. A limit 10x that only
-# stops a hang, never a slow but working load.
+# The plugin parses each trace in a process of its own, forked (TENSORBOARD_START_METHOD): the
+# smoke run's 44 load in 33 s on 2 cores (70 s spawned), and the whole logdir (those, the
+# CPU-preset pair, six real GPU traces) in about a minute beside the other tests. A limit 10x
+# that only stops a hang, never a slow but working load.
 TENSORBOARD_LOAD_TIMEOUT_S = 600
 TENSORBOARD_POLL_S = 1.0
 # The smoke sizes leave the bad variant's DataLoader share under the plugin's 5 % advice line (3 %
@@ -113,6 +189,8 @@ class SmokeStarted:
     stdout: Path
     stderr: Path
     deadline: float  # time.monotonic() past which it counts as hung
+    # TensorBoard over the logdir, started once the smoke run has succeeded (after_each_test)
+    tensorboard: TensorBoardStarted | None = None
 
 
 # The smoke run takes minutes of both cores, and most tests need none of it: it starts in the
@@ -139,9 +217,12 @@ def start_smoke(profiler_logdir: Path) -> SmokeStarted:
 
 
 def stop_smoke(started: SmokeStarted) -> None:
+    """The smoke run, whole, and the TensorBoard started after it."""
     if started.process.poll() is None:
         os.killpg(started.process.pid, signal.SIGKILL)
         started.process.wait()
+    if started.tensorboard is not None:
+        stop_tensorboard(started.tensorboard)
 
 
 def stop_smoke_on_sigterm(started: SmokeStarted):
@@ -170,11 +251,25 @@ def smoke_started(request, profiler_logdir):
         return
     started = start_smoke(profiler_logdir)
     previous = stop_smoke_on_sigterm(started)
+    SMOKE_IN_THE_BACKGROUND.append(started)
     try:
         yield started
     finally:
+        SMOKE_IN_THE_BACKGROUND.clear()
         signal.signal(signal.SIGTERM, previous)
         stop_smoke(started)
+
+
+SMOKE_IN_THE_BACKGROUND: list[SmokeStarted] = []  # smoke_started's, while the session runs
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    """After each test: once the background smoke run has succeeded, TensorBoard starts over the
+    logdir, so that the plugin loads the smoke runs beside the tests still to run, on a core the
+    smoke run no longer needs, not after them (about 2 minutes of 2 cores)."""
+    for started in SMOKE_IN_THE_BACKGROUND:
+        if started.tensorboard is None and started.process.poll() == 0:
+            started.tensorboard = start_tensorboard(started.out.parent)
 
 
 def wait_for_smoke(started: SmokeStarted | None) -> None:
@@ -221,6 +316,8 @@ def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
     """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS), once
     the smoke run has ended: its two scripts do not share the cores with the pair's workers."""
     wait_for_smoke(smoke_started)
+    if smoke_started is not None and smoke_started.tensorboard is not None:
+        loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)  # its cores, too
     out = profiler_logdir / "cpu_preset"
     for variant in ("bad", "fixed"):
         result = run_demo("dataloader_workers", variant, *WORKERS_CPU_PRESET_ARGS,
@@ -229,12 +326,11 @@ def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def synthetic_gpu_out(profiler_logdir) -> Path:
+def write_synthetic_gpu(profiler_logdir: Path) -> Path:
     """tests/synthetic_traces.py's GPU trace twice: as torch.profiler writes it, and rewritten."""
     out = profiler_logdir / "synthetic_gpu"
     as_written = out / "as_written" / "gpu_worker.1.pt.trace.json"
-    as_written.parent.mkdir(parents=True)
+    as_written.parent.mkdir(parents=True, exist_ok=True)
     as_written.write_text(json.dumps(gpu_training_trace()))
     tensorboard_compat.rewrite_file(as_written, out / "rewritten" / as_written.name)
     return out
@@ -249,8 +345,7 @@ REAL_GPU_TRACES = ("a100_80gb_rank0_5steps", "a100_alexnet_no_steps", "a100_nccl
                    "mi250_rocm_3steps")
 
 
-@pytest.fixture(scope="session")
-def real_traces_out(profiler_logdir) -> Path | None:
+def write_real_traces(profiler_logdir: Path) -> Path | None:
     """The shared real GPU traces, rewritten for the plugin as the harness rewrites ours, one run
     folder each under profiler_logdir/real/; None when ../shared/traces is missing."""
     if not SHARED_TRACES.is_dir():
@@ -297,44 +392,78 @@ def run_folders(logdir: Path) -> set[str]:
             if path.name.endswith(trace.TRACE_SUFFIXES)}
 
 
-@pytest.fixture(scope="session")
-def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, synthetic_gpu_out,
-                real_traces_out):
-    """A real `tensorboard` on a free port over profiler_logdir, once the plugin has loaded every
-    run in it."""
-    expected = run_folders(profiler_logdir)
+@dataclass
+class TensorBoardStarted:
+    process: subprocess.Popen
+    log_path: Path  # its output: the port it says it listens on, and any error
+
+
+# The plugin parses each run in a process of its own. scripts/tensorboard.sh forks them from the
+# server (TORCH_PROFILER_START_METHOD), and so does the TensorBoard here: the plugin's default,
+# spawn, starts a fresh Python that imports TensorBoard and the plugin for every run.
+TENSORBOARD_START_METHOD = "fork"
+
+
+def start_tensorboard(profiler_logdir: Path) -> TensorBoardStarted:
+    """A real `tensorboard` on a free port over profiler_logdir, the synthetic and the real GPU
+    traces written into it first."""
+    write_synthetic_gpu(profiler_logdir)
+    write_real_traces(profiler_logdir)
     log_path = profiler_logdir.with_name(f"{profiler_logdir.name}_tensorboard.log")
     with open(log_path, "w") as log:  # a file, not a pipe: a full pipe would stall TensorBoard
         process = subprocess.Popen(
             [sys.executable, "-m", "tensorboard.main", "--logdir", str(profiler_logdir),
              "--port", "0", "--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, TORCH_PROFILER_START_METHOD=TENSORBOARD_START_METHOD),
             start_new_session=True)  # its own process group: the plugin's loaders go with it
+    return TensorBoardStarted(process, log_path)
+
+
+def loaded_tensorboard(started: TensorBoardStarted, profiler_logdir: Path) -> TensorBoard:
+    """The server, once the plugin has loaded every run folder profiler_logdir holds now (it
+    finds a new folder within 10 s: MONITOR_RUN_REFRESH_INTERNAL_IN_SECONDS)."""
+    expected = run_folders(profiler_logdir)
     server = TensorBoard(port=0, runs=[])
+    deadline = time.monotonic() + TENSORBOARD_LOAD_TIMEOUT_S
+    while True:
+        if started.process.poll() is not None:
+            pytest.fail(f"tensorboard exited: {started.log_path.read_text()[-3000:]}")
+        server.port = server.port or tensorboard_port(started.log_path) or 0
+        try:
+            if not server.port:
+                raise ConnectionError("TensorBoard has not said its port yet")
+            answer = server.plugin_json("runs")
+            server.runs = answer["runs"]
+            if expected <= set(server.runs) and not answer["loading"]:
+                return server
+        except OSError:
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            pytest.fail(f"after {TENSORBOARD_LOAD_TIMEOUT_S} s the plugin lists "
+                        f"{sorted(server.runs)}, not all of {sorted(expected)}")
+        time.sleep(TENSORBOARD_POLL_S)
+
+
+def stop_tensorboard(started: TensorBoardStarted) -> None:
+    # SIGKILL, not SIGTERM: the server holds nothing to save, and on SIGTERM it frees every run
+    # it loaded first (9 s for the smoke runs alone, 27 s at the suite's end).
+    if started.process.poll() is None:
+        os.killpg(started.process.pid, signal.SIGKILL)
+        started.process.wait()
+
+
+@pytest.fixture(scope="session")
+def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, smoke_started):
+    """A real `tensorboard` over profiler_logdir, once the plugin has loaded every run in it:
+    the one started after the background smoke run, or one of its own."""
+    if smoke_started is not None and smoke_started.tensorboard is not None:
+        yield loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)
+        return  # smoke_started stops it
+    started = start_tensorboard(profiler_logdir)
     try:
-        deadline = time.monotonic() + TENSORBOARD_LOAD_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"tensorboard exited: {log_path.read_text()[-3000:]}")
-            server.port = server.port or tensorboard_port(log_path) or 0
-            try:
-                if not server.port:
-                    raise ConnectionError("TensorBoard has not said its port yet")
-                answer = server.plugin_json("runs")
-                server.runs = answer["runs"]
-                if expected <= set(server.runs) and not answer["loading"]:
-                    break
-            except OSError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                pytest.fail(f"after {TENSORBOARD_LOAD_TIMEOUT_S} s the plugin lists "
-                            f"{sorted(server.runs)}, not all of {sorted(expected)}")
-            time.sleep(TENSORBOARD_POLL_S)
-        yield server
+        yield loaded_tensorboard(started, profiler_logdir)
     finally:
-        # SIGKILL, not SIGTERM: the server holds nothing to save, and on SIGTERM it frees every
-        # run it loaded first (9 s for the smoke runs alone, 27 s at the suite's end).
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop_tensorboard(started)
 
 
 # --- Bad-vs-fixed pairs built from synthetic GPU traces (test_compare.py, test_report.py) ---

@@ -4,10 +4,13 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from common import trace
-from tests.conftest import assert_timing_is_consistent, read_summary, run_demo
+from tests.conftest import (DEMO_RUN_TIMEOUT_S, ROOT, assert_timing_is_consistent, demo_env,
+                            demo_forks, read_summary, run_demo)
 
 REQUIRED_SUMMARY_FIELDS = {
     "demo", "variant", "device", "device_name", "torch_version", "batch_size", "steps",
@@ -76,10 +79,30 @@ def test_help_describes_the_demo_and_the_flags():
 
 
 def test_bad_flags_are_one_clear_error_with_exit_code_2():
-    cases = (["--steps", "0"], ["--device", "tpu"], ["--frobnicate"], ["--memory-budget-gb", "0"])
-    with ThreadPoolExecutor(max_workers=2) as pool:  # a process each, two at a time: 2 cores
+    # --device cpu where the device is not the point: those run in forks (run_demo).
+    cases = (["--device", "cpu", "--steps", "0"], ["--device", "tpu"],
+             ["--device", "cpu", "--frobnicate"], ["--device", "cpu", "--memory-budget-gb", "0"])
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: 2 cores
         results = list(pool.map(lambda args: run_demo("dataloader_workers", "bad", *args), cases))
     for result in results:
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
         assert "error:" in result.stderr.splitlines()[-1]
+
+
+def test_a_demo_run_on_the_cpu_forks_and_answers_as_a_fresh_python_does():
+    """run_demo runs a script given --device cpu in a fork of one process that imported torch
+    (tests/conftest.py): its exit code, its standard output and its standard error, apart, are
+    those of `python <script>` with the same flags (a bad flag: exit code 2, the error on
+    stderr alone)."""
+    args = ("--device", "cpu", "--steps", "0")
+    forks = demo_forks(demo_env())
+    asked = forks.forks.asked
+    forked = run_demo("dataloader_workers", "bad", *args)
+    assert forks.forks.asked == asked + 1  # it went to the fork process
+    fresh = subprocess.run([sys.executable, str(ROOT / "demos" / "dataloader_workers" / "bad.py"),
+                            *args], check=False, cwd=ROOT, capture_output=True, text=True,
+                           env=demo_env(), timeout=DEMO_RUN_TIMEOUT_S)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 2 and "--steps" in forked.stderr and forked.stdout == ""

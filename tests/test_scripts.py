@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from common import tensorboard_compat
-from tests.conftest import ROOT, load_script
+from tests.conftest import (ROOT, TENSORBOARD_START_METHOD, demo_env, demo_forks, load_script,
+                            run_in_fork)
 from tests.kineto_builder import KinetoTrace, simulate_training, write_demo_run
 from tests.synthetic_traces import gpu_training_trace
 
@@ -219,6 +221,19 @@ def test_run_demos_smoke_on_the_cpu_runs_each_script_in_a_fork_as_python_would(f
         "torch"] is False  # --device auto: a process of its own
 
 
+def test_a_fork_keeps_its_stderr_apart_and_is_ended_past_its_timeout(tmp_path):
+    """forks.py: a request with "stderr" writes the script's standard error there, apart from its
+    log, and one with "timeout_s" is ended by SIGALRM once it has run that long (run_demo's
+    answer for a hung script, as subprocess.run's timeout is for a process of its own). The
+    script would sleep a minute; its alarm is at 1 s."""
+    script = tmp_path / "hangs.py"
+    script.write_text("import sys, time\nprint('to stdout', flush=True)\n"
+                      "print('to stderr', file=sys.stderr, flush=True)\ntime.sleep(60)\n")
+    done = run_in_fork(demo_forks(demo_env()), [str(script)], timeout_s=1)
+    assert done.returncode == -signal.SIGALRM
+    assert (done.stdout, done.stderr) == ("to stdout\n", "to stderr\n")
+
+
 @pytest.mark.parametrize("args, says", [
     (["--jobs", "2"], "--jobs above 1 needs --smoke"),
     (["--jobs", "0", "--smoke"], "--jobs must be a whole number >= 1, got 0"),
@@ -287,14 +302,19 @@ def fake_interpreter(path: Path, body: str) -> Path:
 
 def test_tensorboard_passes_port_and_logdir_to_tensorboard(tmp_path):
     """A fake PYTHON passes the module check (-c: prints nothing, exits 0), then prints the
-    command it was given instead of starting TensorBoard."""
-    python = fake_interpreter(tmp_path / "python", '[ "$1" = -c ] && exit 0\necho "ran: $*"')
+    command it was given instead of starting TensorBoard, and how the plugin will start its
+    loaders: as the suite's TensorBoard does (tests/conftest.py), which tests what users run."""
+    python = fake_interpreter(tmp_path / "python", '[ "$1" = -c ] && exit 0\n'
+                              'echo "ran: $*"\necho "loaders: $TORCH_PROFILER_START_METHOD"')
     logdir = tmp_path / "logs"
     logdir.mkdir()
+    env = {name: value for name, value in os.environ.items()
+           if name != "TORCH_PROFILER_START_METHOD"}
     result = tensorboard_sh("--port", "6123", "--logdir", str(logdir),
-                            env=dict(os.environ, PYTHON=str(python)))
+                            env=dict(env, PYTHON=str(python)))
     assert result.returncode == 0, result.stderr
     assert f"ran: -m tensorboard.main --logdir {logdir} --port 6123" in result.stdout
+    assert f"loaders: {TENSORBOARD_START_METHOD}\n" in result.stdout
     assert f"note: no traces under {logdir} yet" in result.stdout
 
 
