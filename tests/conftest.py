@@ -244,7 +244,8 @@ def stop_smoke_on_sigterm(started: SmokeStarted):
 def smoke_started(request, profiler_logdir):
     """./scripts/run_demos.sh --smoke --device cpu --jobs 2, started in the background when a
     selected test reads it (None otherwise, and under pytest-xdist, whose every worker would start
-    one: demos_smoke starts it there); stopped, whole, if the session ends first."""
+    one: demos_smoke starts it there); stopped, whole, with the TensorBoard started after it
+    (pytest_runtest_logfinish), when the session ends."""
     if (os.environ.get("PYTEST_XDIST_WORKER")
             or not any("demos_smoke" in item.fixturenames for item in request.session.items)):
         yield None
