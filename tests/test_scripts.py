@@ -186,6 +186,21 @@ def test_run_demos_jobs_run_smoke_scripts_at_once_and_print_each_whole_in_order(
     assert "2.00x more samples/s" in printed.out
 
 
+def test_run_demos_jobs_start_a_ladder_s_rungs_one_at_a_time():
+    """--jobs: beside a running rung, the next script to start is the first waiting one that is
+    no rung of the same ladder (its compiled rungs reuse the compile cache the one before wrote);
+    pairs and other ladders start as they come."""
+    run_demos = load_script("run_demos")
+    runs = [("ladder", "rung0_baseline"), ("ladder", "rung1_workers"), ("pair", "bad"),
+            ("pair", "fixed"), ("other_ladder", "rung0_baseline")]
+    assert run_demos.next_to_start(runs, [0, 1, 2, 3, 4], running=[]) == 0
+    assert run_demos.next_to_start(runs, [1, 2, 3, 4], running=[0]) == 2
+    assert run_demos.next_to_start(runs, [1, 3, 4], running=[0, 2]) == 3
+    assert run_demos.next_to_start(runs, [1, 4], running=[0]) == 4
+    assert run_demos.next_to_start(runs, [1], running=[0]) is None
+    assert run_demos.next_to_start(runs, [1, 3], running=[2]) == 1
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_run_demos_smoke_on_the_cpu_runs_each_script_in_a_fork_as_python_would(fake_demos, capfd,
                                                                             jobs):
