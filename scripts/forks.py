@@ -68,6 +68,9 @@ def run_script(command: list[str], cwd: str, log: str | None, stderr: str | None
         signal.alarm(max(1, math.ceil(timeout_s)))  # alarm() counts whole seconds
     os.chdir(cwd)
     sys.argv = list(command)
+    # What a script restarts itself with (os.execv, as --compile-log does): `python <command>`,
+    # not this process's own command line.
+    sys.orig_argv = [sys.executable, *command]
     sys.path[0] = os.path.dirname(os.path.abspath(command[0]))  # as for `python <script>`
     code = 1
     try:

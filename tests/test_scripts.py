@@ -65,7 +65,8 @@ if behaviour == "ok":
     (out / "summary.json").write_text(json.dumps(summary))
     (out / "argv.json").write_text(json.dumps(sys.argv[1:]))
     (out / "process.json").write_text(json.dumps(dict(
-        name=__name__, cwd=os.getcwd(), path0=sys.path[0], torch="torch" in sys.modules)))
+        name=__name__, cwd=os.getcwd(), path0=sys.path[0], torch="torch" in sys.modules,
+        orig_argv=sys.orig_argv[1:])))
     atexit.register((out / "at_exit.txt").write_text, "ran")
 """
 
@@ -227,9 +228,13 @@ def test_run_demos_smoke_on_the_cpu_runs_each_script_in_a_fork_as_python_would(f
     assert "2.00x more samples/s" in printed.out
     for variant in ("bad", "fixed"):
         folder = fake_demos.out / "healthy" / variant
+        script = fake_demos.module.DEMOS_DIR / "healthy" / f"{variant}.py"
+        argv = json.loads((folder / "argv.json").read_text())
         assert json.loads((folder / "process.json").read_text()) == {
             "name": "__main__", "cwd": str(fake_demos.root),
-            "path0": str(fake_demos.module.DEMOS_DIR / "healthy"), "torch": True}
+            "path0": str(fake_demos.module.DEMOS_DIR / "healthy"), "torch": True,
+            # what a script restarts itself with (--compile-log): `python <script> <flags>`
+            "orig_argv": [str(script), *argv]}
         assert (folder / "at_exit.txt").read_text() == "ran"
     assert fake_demos.main(["healthy", "--out", str(fake_demos.out), "--smoke"]) == 0
     assert json.loads((fake_demos.out / "healthy" / "bad" / "process.json").read_text())[
