@@ -21,6 +21,10 @@ import pytest
 from common import tensorboard_compat, trace
 from tests.synthetic_traces import gpu_training_trace
 
+# pytest imports this file as "conftest", the tests as "tests.conftest" (tests/ is no package):
+# one module for both, so that what it starts once per session (the fork server) is one.
+sys.modules.setdefault("tests.conftest", sys.modules[__name__])
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_RUN_TIMEOUT_S = 300  # a smoke run takes seconds; this only stops a hung run
 DEMO_FORK_POLL_S = 0.05  # how often run_demo looks for its fork's end (run_demos.py's POLL_S)
