@@ -13,6 +13,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,19 +196,65 @@ class SmokeStarted:
     stdout: Path
     stderr: Path
     deadline: float  # time.monotonic() past which it counts as hung
-    # TensorBoard over the logdir, started once the smoke run has succeeded (after_each_test)
+    # TensorBoard over the logdir, started once the smoke run has succeeded
+    # (pytest_runtest_logfinish)
     tensorboard: TensorBoardStarted | None = None
 
 
 # The smoke run takes minutes of both cores, and most tests need none of it: it starts in the
 # background with the first test, and the tests that read it (or need a machine without it,
 # workers_cpu_out) run last, so the others run beside it instead of after it.
-LATE_FIXTURES = ("demos_smoke", "workers_cpu_out")
+LATE_FIXTURES = ("demos_smoke", "workers_cpu_out", "with_stack_runs", "doc_command_failures")
+SELECTED_FILES: set[str] = set()  # the test files with a test selected, once collected
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they deselect
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: any(name in item.fixturenames for name in LATE_FIXTURES))
+    SELECTED_FILES.update(str(item.path) for item in items)
+
+
+# --- Work that runs in the background once the smoke run has ended --------------------------------
+# While the smoke run lasts, it and the tests keep both cores busy; after it, the tests run one at
+# a time and a core is free. Subprocess work that a few tests only read (the --with-stack runs,
+# every doc command) runs there, one job at a time, after TensorBoard has started; the tests that
+# read it run last (LATE_FIXTURES) and wait for it if it has not ended.
+
+
+@dataclass
+class BackgroundJob:
+    run: Callable[[Path], object]  # given a fresh folder; what it returns is what the tests read
+    test_file: str  # the job runs only if a test of this file is selected
+    future: Future | None = None
+
+
+BACKGROUND_JOBS: dict[str, BackgroundJob] = {}
+BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background_job")
+
+
+def background_job(name: str, test_file: str, run: Callable[[Path], object]) -> None:
+    """Register `run` (a test module does, when it is imported) to start in the background once
+    the smoke run has ended (start_background_jobs)."""
+    BACKGROUND_JOBS[name] = BackgroundJob(run, str(Path(test_file).resolve()))
+
+
+def start_background_jobs(base: Path) -> None:
+    for name, job in BACKGROUND_JOBS.items():
+        if job.future is None and job.test_file in SELECTED_FILES:
+            job.future = BACKGROUND.submit(job.run, Path(tempfile.mkdtemp(prefix=name, dir=base)))
+
+
+def background_result(name: str, tmp_path_factory) -> object:
+    """What the job `name` returned: it ran in the background (waited for, if it has not
+    ended), or runs now, where no smoke run started it."""
+    job = BACKGROUND_JOBS[name]
+    if job.future is None:
+        return job.run(tmp_path_factory.mktemp(name))
+    return job.future.result()
+
+
+def wait_for_background_jobs() -> None:
+    futures.wait([job.future for job in BACKGROUND_JOBS.values() if job.future is not None])
 
 
 def start_smoke(profiler_logdir: Path) -> SmokeStarted:
@@ -261,6 +310,7 @@ def smoke_started(request, profiler_logdir):
         yield started
     finally:
         SMOKE_IN_THE_BACKGROUND.clear()
+        BACKGROUND.shutdown(wait=False, cancel_futures=True)  # a job not yet started never will
         signal.signal(signal.SIGTERM, previous)
         stop_smoke(started)
 
@@ -275,6 +325,7 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
     for started in SMOKE_IN_THE_BACKGROUND:
         if started.tensorboard is None and started.process.poll() == 0:
             started.tensorboard = start_tensorboard(started.out.parent)
+            start_background_jobs(started.out.parent.parent)  # the session's temporary root
 
 
 def wait_for_smoke(started: SmokeStarted | None) -> None:
@@ -319,10 +370,12 @@ def workers_smoke_out(demos_smoke) -> Path:
 @pytest.fixture(scope="session")
 def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
     """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS), once
-    the smoke run has ended: its two scripts do not share the cores with the pair's workers."""
+    the smoke run, the plugin's load and the background jobs have ended: its two scripts do not
+    share the cores with the pair's workers."""
     wait_for_smoke(smoke_started)
     if smoke_started is not None and smoke_started.tensorboard is not None:
         loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)  # its cores, too
+    wait_for_background_jobs()
     out = profiler_logdir / "cpu_preset"
     for variant in ("bad", "fixed"):
         result = run_demo("dataloader_workers", variant, *WORKERS_CPU_PRESET_ARGS,

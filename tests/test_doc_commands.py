@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import background_job, background_result
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted({ROOT / "README.md", ROOT / "common" / "README.md", ROOT / "common" / "GLOSSARY.md",
                *(ROOT / "traces").glob("**/README.md"), *(ROOT / "demos").glob("*/README.md")})
@@ -132,7 +134,9 @@ def test_shell_scripts_named_exist():
         assert path.is_file() and os.access(path, os.X_OK), (doc, script)
 
 
-def test_every_unmarked_command_runs_on_a_fresh_clone(tmp_path):
+def failing_doc_commands(tmp_path: Path) -> list[str]:
+    """Every runnable doc command, run in a fresh copy under `tmp_path`: one line for each that
+    failed, naming its doc, the command, its exit code and its last line of output."""
     runnable, _, _ = doc_commands()
     assert runnable, "no runnable command found: the block reader is broken"
     commands = sorted({as_run(command) for _, command in runnable})
@@ -146,10 +150,21 @@ def test_every_unmarked_command_runs_on_a_fresh_clone(tmp_path):
                                        capture_output=True, timeout=COMMAND_TIMEOUT_S)
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        failed = [f"{where[command]}: `{command}` exit {done.returncode}: "
-                  f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"
-                  for command, done in pool.map(run, commands) if done.returncode != 0]
-    assert not failed, "\n".join(failed)
+        return [f"{where[command]}: `{command}` exit {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"
+                for command, done in pool.map(run, commands) if done.returncode != 0]
+
+
+background_job("doc_command_failures", __file__, failing_doc_commands)  # once the smoke run ends
+
+
+@pytest.fixture(scope="module")
+def doc_command_failures(tmp_path_factory) -> list[str]:
+    return background_result("doc_command_failures", tmp_path_factory)
+
+
+def test_every_unmarked_command_runs_on_a_fresh_clone(doc_command_failures):
+    assert not doc_command_failures, "\n".join(doc_command_failures)
 
 
 @pytest.mark.parametrize("path", ["traces/item_sync/bad", "traces/item_sync"])

@@ -11,19 +11,20 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from common import analyze, frames
-from tests.conftest import ROOT, read_summary, run_demo
+from tests.conftest import ROOT, background_job, background_result, read_summary, run_demo
 
 # --with-stack is the harness's: one bad run per loop that records it, not every pair's (a run
 # each costs 3-17 s of a suite at its 10-minute bound). train (a DataLoader), train_on_device,
 # measure with the script's own step, measure across ranks, generate, serve_texts (its threads).
 DEMOS = ("dataloader_workers", "small_batch", "memory_leak", "ddp_no_sync", "llm_decode",
          "tokenizer_bound")
-# Those runs two at a time (the CI machine's cores): each is a process of its own, and what the
-# test reads of it (the frames in its trace) does not depend on how fast it ran.
+# Those runs two at a time (the CI machine's cores), beside the other tests (conftest's background
+# jobs): what the test reads of each (the frames in its trace) does not depend on how fast it ran.
 WITH_STACK_JOBS = 2
 PY_SPY_TIMEOUT_S = 300  # a smoke run of host_roundtrip/bad takes seconds; this stops a hang
 PY_SPY_RATE_HZ = 200  # the walkthrough's rate
@@ -75,18 +76,23 @@ def function_lines(path, name: str) -> range:
     return range(function.lineno, function.end_lineno + 1)
 
 
-@pytest.fixture(scope="module")
-def with_stack_runs(tmp_path_factory) -> dict:
-    """Each of DEMOS' bad.py at smoke sizes with --with-stack: {demo: (the finished process, its
-    output root)}."""
-    out = tmp_path_factory.mktemp("with_stack")
-
+def run_with_stack(out: Path) -> dict:
+    """Each of DEMOS' bad.py at smoke sizes with --with-stack, under `out`: {demo: (the finished
+    process, its output root)}."""
     def run(demo: str) -> subprocess.CompletedProcess:
         return run_demo(demo, "bad", "--smoke", "--device", "cpu", "--with-stack",
                         "--out", str(out / demo))
 
     with ThreadPoolExecutor(max_workers=WITH_STACK_JOBS) as pool:
         return {demo: (result, out / demo) for demo, result in zip(DEMOS, pool.map(run, DEMOS))}
+
+
+background_job("with_stack_runs", __file__, run_with_stack)  # once the smoke run has ended
+
+
+@pytest.fixture(scope="module")
+def with_stack_runs(tmp_path_factory) -> dict:
+    return background_result("with_stack_runs", tmp_path_factory)
 
 
 @pytest.mark.parametrize("demo", DEMOS)
