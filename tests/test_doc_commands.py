@@ -37,7 +37,7 @@ LONG_SCRIPTS = ("scripts/bench_analyze.py", "scripts/check_tests_catch.py", "scr
 # Stops a hung command only: the slowest (compare on a reference pair, matplotlib's first import
 # building its font cache on a fresh machine) take tens of seconds on 2 busy cores.
 COMMAND_TIMEOUT_S = 300
-WORKERS = 2  # the CI machine's cores
+WORKERS = 1  # one core: they run in the background beside the other tests (conftest.py)
 
 
 def shell_blocks(text: str) -> list[list[str]]:

@@ -23,9 +23,11 @@ from tests.conftest import ROOT, background_job, background_result, read_summary
 # measure with the script's own step, measure across ranks, generate, serve_texts (its threads).
 DEMOS = ("dataloader_workers", "small_batch", "memory_leak", "ddp_no_sync", "llm_decode",
          "tokenizer_bound")
-# Those runs two at a time (the CI machine's cores), beside the other tests (conftest's background
-# jobs): what the test reads of each (the frames in its trace) does not depend on how fast it ran.
-WITH_STACK_JOBS = 2
+# Those runs one at a time: they run in the background beside the other tests (conftest's
+# background jobs), on the one core the smoke run freed; two at a time, with the plugin loading,
+# made the tests beside them 2 to 4x slower (tests/test_report.py: 103 s against 25). What the test reads of each (the frames in its trace) does not depend on how
+# fast it ran.
+WITH_STACK_JOBS = 1
 PY_SPY_TIMEOUT_S = 300  # a smoke run of host_roundtrip/bad takes seconds; this stops a hang
 PY_SPY_RATE_HZ = 200  # the walkthrough's rate
 HOST_ROUNDTRIP_BAD = ROOT / "demos" / "host_roundtrip" / "bad.py"
