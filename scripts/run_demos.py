@@ -230,7 +230,8 @@ def run_variant(demo: str, variant: str, flags: argparse.Namespace,
 def next_to_start(runs: list[tuple[str, str]], waiting: list[int],
                   running: Iterable[int]) -> int | None:
     """The first of the `waiting` runs (indices into `runs`) that may start beside the `running`
-    ones: any but a rung of a ladder with a rung running. A ladder's rungs run one at a time: its
+    ones: any but a script of a ladder with one of its rungs running (a ladder's scripts are all
+    rungs). A ladder's rungs run one at a time: its
     compiled rungs compile the same model, and each after the first finds the compile cache the
     one before wrote (on a 2-core EPYC, rung 5 compiled beside rung 4 in 48 CPU-s, rung 6 after
     them in 15)."""
@@ -240,8 +241,8 @@ def next_to_start(runs: list[tuple[str, str]], waiting: list[int],
 
 def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
     """Run each (demo, variant) in order, or flags.jobs of them at once (a ladder's rungs one at
-    a time: next_to_start); yield (succeeded, demo, variant) as each is printed, in order. A header line starts each script's output:
-    "=== [3/12] <demo>/<variant> (41 s elapsed)"."""
+    a time: next_to_start); yield (succeeded, demo, variant) as each is printed, in order. A
+    header line starts each script's output: "=== [3/12] <demo>/<variant> (41 s elapsed)"."""
     started = time.perf_counter()
 
     def header(index: int, demo: str, variant: str) -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: smoke runs of the demos (subprocesses, as a user runs them)."""
+"""Shared fixtures: smoke runs of the demos (as a user runs them: run_demos.sh, or a script in a
+fork of one process that imported torch), TensorBoard, and work run in the background."""
 from __future__ import annotations
 
 import importlib.util
@@ -83,10 +84,12 @@ def same_env(started: dict[str, str], now: dict[str, str]) -> bool:
 
 def close_demo_forks() -> None:
     for started in DEMO_FORKS:
-        started.forks.close()  # its forks have ended: each is a finished run_demo
+        with started.lock:
+            started.forks.close()  # it waits for its forks: a run_demo interrupted ends first
 
 
 def pytest_sessionfinish(session) -> None:
+    stop_background_jobs()  # before the fork server closes: a job may still use it
     close_demo_forks()
 
 
@@ -159,8 +162,9 @@ def assert_timing_is_consistent(summary: dict) -> None:
 
 
 # --- TensorBoard's PyTorch Profiler plugin, end to end (test_tensorboard.py, test_browser.py) ---
-# One logdir holds every run the plugin tests read, written before TensorBoard starts: the plugin
-# reads a run folder once, when it first sees a trace in it.
+# One logdir holds every run the plugin tests read. The plugin reads a run folder once, when it
+# first sees a trace in it: TensorBoard starts once the smoke run has ended, and the CPU-preset
+# pair written later lands whole (the harness writes a trace atomically, one per folder).
 RUN_DEMOS_TIMEOUT_S = 900  # every pair in smoke mode takes seconds each; this only stops a hang
 # Smoke scripts at once: two, the CI machine's cores. On the CPU the scripts run in forks of one
 # process that imported torch once (scripts/forks.py): 152 s on a 2-core EPYC against 320 s with
@@ -197,21 +201,23 @@ class SmokeStarted:
     stderr: Path
     deadline: float  # time.monotonic() past which it counts as hung
     # TensorBoard over the logdir, started once the smoke run has succeeded
-    # (pytest_runtest_logfinish)
+    # (pytest_runtest_logfinish), or by the tensorboard fixture if it comes first
     tensorboard: TensorBoardStarted | None = None
+    followed_up: bool = False  # whether what follows its end has started
+    follow_up_error: str | None = None  # why that failed, for the tests that need it
 
 
 # The smoke run takes minutes of both cores, and most tests need none of it: it starts in the
 # background with the first test, and the tests that read it (or need a machine without it,
 # workers_cpu_out) run last, so the others run beside it instead of after it.
 LATE_FIXTURES = ("demos_smoke", "workers_cpu_out", "with_stack_runs", "doc_command_failures")
-SELECTED_FILES: set[str] = set()  # the test files with a test selected, once collected
+SELECTED_FIXTURES: set[str] = set()  # the fixtures the selected tests use, once collected
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they deselect
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: any(name in item.fixturenames for name in LATE_FIXTURES))
-    SELECTED_FILES.update(str(item.path) for item in items)
+    SELECTED_FIXTURES.update(name for item in items for name in item.fixturenames)
 
 
 # --- Work that runs in the background once the smoke run has ended --------------------------------
@@ -224,33 +230,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @dataclass
 class BackgroundJob:
     run: Callable[[Path], object]  # given a fresh folder; what it returns is what the tests read
-    test_file: str  # the job runs only if a test of this file is selected
-    future: Future | None = None
+    future: Future | None = None  # once started in the background, or run where it was asked
 
 
 BACKGROUND_JOBS: dict[str, BackgroundJob] = {}
 BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background_job")
 
 
-def background_job(name: str, test_file: str, run: Callable[[Path], object]) -> None:
-    """Register `run` (a test module does, when it is imported) to start in the background once
-    the smoke run has ended (start_background_jobs)."""
-    BACKGROUND_JOBS[name] = BackgroundJob(run, str(Path(test_file).resolve()))
+def background_job(name: str, run: Callable[[Path], object]) -> None:
+    """Register `run` (a test module does, when it is imported) as the job that the fixture
+    `name` reads: it starts in the background once the smoke run has ended, if a selected test
+    uses that fixture (start_background_jobs)."""
+    BACKGROUND_JOBS[name] = BackgroundJob(run)
 
 
 def start_background_jobs(base: Path) -> None:
+    demo_forks(demo_env())  # started here, in the main thread, under no test's patched environment
     for name, job in BACKGROUND_JOBS.items():
-        if job.future is None and job.test_file in SELECTED_FILES:
+        if job.future is None and name in SELECTED_FIXTURES:
             job.future = BACKGROUND.submit(job.run, Path(tempfile.mkdtemp(prefix=name, dir=base)))
 
 
 def background_result(name: str, tmp_path_factory) -> object:
     """What the job `name` returned: it ran in the background (waited for, if it has not
-    ended), or runs now, where no smoke run started it."""
+    ended), or runs now, where no smoke run has started it (and then never again)."""
     job = BACKGROUND_JOBS[name]
     if job.future is None:
-        return job.run(tmp_path_factory.mktemp(name))
+        job.future = Future()
+        try:
+            job.future.set_result(job.run(tmp_path_factory.mktemp(name)))
+        except BaseException as error:  # noqa: BLE001 - result() below raises it again
+            job.future.set_exception(error)
     return job.future.result()
+
+
+def stop_background_jobs() -> None:
+    """At the session's end: a job not yet started never starts; a running one is waited for, so
+    that nothing it runs outlives the session (or uses the fork server after it has closed)."""
+    BACKGROUND.shutdown(wait=True, cancel_futures=True)
 
 
 def wait_for_background_jobs() -> None:
@@ -310,7 +327,7 @@ def smoke_started(request, profiler_logdir):
         yield started
     finally:
         SMOKE_IN_THE_BACKGROUND.clear()
-        BACKGROUND.shutdown(wait=False, cancel_futures=True)  # a job not yet started never will
+        stop_background_jobs()
         signal.signal(signal.SIGTERM, previous)
         stop_smoke(started)
 
@@ -323,9 +340,15 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
     logdir, so that the plugin loads the smoke runs beside the tests still to run, on a core the
     smoke run no longer needs, not after them (about 2 minutes of 2 cores)."""
     for started in SMOKE_IN_THE_BACKGROUND:
-        if started.tensorboard is None and started.process.poll() == 0:
-            started.tensorboard = start_tensorboard(started.out.parent)
+        if started.followed_up or started.process.poll() != 0:
+            continue
+        started.followed_up = True
+        try:  # an error here would end the session (INTERNALERROR): the tests that need it fail
+            if started.tensorboard is None and "tensorboard" in SELECTED_FIXTURES:
+                started.tensorboard = start_tensorboard(started.out.parent)
             start_background_jobs(started.out.parent.parent)  # the session's temporary root
+        except Exception as error:  # noqa: BLE001 - reported by the fixtures that read it
+            started.follow_up_error = f"after the smoke run: {type(error).__name__}: {error}"
 
 
 def wait_for_smoke(started: SmokeStarted | None) -> None:
@@ -373,6 +396,8 @@ def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
     the smoke run, the plugin's load and the background jobs have ended: its two scripts do not
     share the cores with the pair's workers."""
     wait_for_smoke(smoke_started)
+    if smoke_started is not None and smoke_started.follow_up_error:
+        pytest.fail(smoke_started.follow_up_error)
     if smoke_started is not None and smoke_started.tensorboard is not None:
         loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)  # its cores, too
     wait_for_background_jobs()
@@ -514,9 +539,13 @@ def stop_tensorboard(started: TensorBoardStarted) -> None:
 def tensorboard(profiler_logdir, demos_smoke, workers_cpu_out, smoke_started):
     """A real `tensorboard` over profiler_logdir, once the plugin has loaded every run in it:
     the one started after the background smoke run, or one of its own."""
-    if smoke_started is not None and smoke_started.tensorboard is not None:
+    if smoke_started is not None and smoke_started.follow_up_error:
+        pytest.fail(smoke_started.follow_up_error)
+    if smoke_started is not None:  # smoke_started stops it
+        if smoke_started.tensorboard is None:  # not yet: started here, and not again after
+            smoke_started.tensorboard = start_tensorboard(profiler_logdir)
         yield loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)
-        return  # smoke_started stops it
+        return
     started = start_tensorboard(profiler_logdir)
     try:
         yield loaded_tensorboard(started, profiler_logdir)

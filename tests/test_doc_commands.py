@@ -155,7 +155,7 @@ def failing_doc_commands(tmp_path: Path) -> list[str]:
                 for command, done in pool.map(run, commands) if done.returncode != 0]
 
 
-background_job("doc_command_failures", __file__, failing_doc_commands)  # once the smoke run ends
+background_job("doc_command_failures", failing_doc_commands)  # once the smoke run has ended
 
 
 @pytest.fixture(scope="module")

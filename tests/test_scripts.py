@@ -320,6 +320,8 @@ def fake_interpreter(path: Path, body: str) -> Path:
     return path
 
 
+@pytest.mark.skipif(sys.platform != "linux",
+                    reason="tensorboard.sh forks the plugin's loaders on Linux only")
 def test_tensorboard_passes_port_and_logdir_to_tensorboard(tmp_path):
     """A fake PYTHON passes the module check (-c: prints nothing, exits 0), then prints the
     command it was given instead of starting TensorBoard, and how the plugin will start its

@@ -25,8 +25,8 @@ DEMOS = ("dataloader_workers", "small_batch", "memory_leak", "ddp_no_sync", "llm
          "tokenizer_bound")
 # Those runs one at a time: they run in the background beside the other tests (conftest's
 # background jobs), on the one core the smoke run freed; two at a time, with the plugin loading,
-# made the tests beside them 2 to 4x slower (tests/test_report.py: 103 s against 25). What the test reads of each (the frames in its trace) does not depend on how
-# fast it ran.
+# made the tests beside them 2 to 4x slower (tests/test_report.py: 103 s against 25). What the
+# test reads of each (the frames in its trace) does not depend on how fast it ran.
 WITH_STACK_JOBS = 1
 PY_SPY_TIMEOUT_S = 300  # a smoke run of host_roundtrip/bad takes seconds; this stops a hang
 PY_SPY_RATE_HZ = 200  # the walkthrough's rate
@@ -89,7 +89,7 @@ def run_with_stack(out: Path) -> dict:
         return {demo: (result, out / demo) for demo, result in zip(DEMOS, pool.map(run, DEMOS))}
 
 
-background_job("with_stack_runs", __file__, run_with_stack)  # once the smoke run has ended
+background_job("with_stack_runs", run_with_stack)  # runs once the smoke run has ended
 
 
 @pytest.fixture(scope="module")
