@@ -231,10 +231,9 @@ def next_to_start(runs: list[tuple[str, str]], waiting: list[int],
                   running: Iterable[int]) -> int | None:
     """The first of the `waiting` runs (indices into `runs`) that may start beside the `running`
     ones: any but a script of a ladder with one of its rungs running (a ladder's scripts are all
-    rungs). A ladder's rungs run one at a time: its
-    compiled rungs compile the same model, and each after the first finds the compile cache the
-    one before wrote (on a 2-core EPYC, rung 5 compiled beside rung 4 in 48 CPU-s, rung 6 after
-    them in 15)."""
+    rungs). A ladder's rungs run one at a time: its compiled rungs compile the same model, and
+    each after the first finds the compile cache the one before wrote (on a 2-core EPYC, rung 5
+    compiled beside rung 4 in 48 CPU-s, rung 6 after them in 15)."""
     climbing = {runs[index][0] for index in running if ladder.RUNG_FOLDER.match(runs[index][1])}
     return next((index for index in waiting if runs[index][0] not in climbing), None)
 

@@ -31,7 +31,6 @@ sys.modules.setdefault("tests.conftest", sys.modules[__name__])
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_RUN_TIMEOUT_S = 300  # a smoke run takes seconds; this only stops a hung run
-DEMO_FORK_POLL_S = 0.05  # how often run_demo looks for its fork's end (run_demos.py's POLL_S)
 
 
 def load_script(name: str):
@@ -58,6 +57,7 @@ class DemoForks:
     forks: object  # run_demos.Forks
     env: dict[str, str]  # the environment it started under: its forks have this one
     lock: threading.Lock  # the tests run demos from threads too; one reads the replies at a time
+    poll_s: float  # how often run_demo looks for its fork's end: run_demos.py's POLL_S
 
 
 DEMO_FORKS: list[DemoForks] = []  # the one started, once a test has asked for it
@@ -70,7 +70,8 @@ def demo_forks(env: dict[str, str]) -> DemoForks | None:
     with DEMO_FORKS_LOCK:
         if not DEMO_FORKS:
             run_demos = load_script("run_demos")
-            DEMO_FORKS.append(DemoForks(run_demos.start_forks(env), env, threading.Lock()))
+            DEMO_FORKS.append(DemoForks(run_demos.start_forks(env), env, threading.Lock(),
+                                        run_demos.POLL_S))
     return DEMO_FORKS[0] if same_env(DEMO_FORKS[0].env, env) else None
 
 
@@ -122,7 +123,7 @@ def run_in_fork(forks: DemoForks, command: list[str],
                 code = poll()
             if code is not None:
                 break
-            time.sleep(DEMO_FORK_POLL_S)
+            time.sleep(forks.poll_s)
         return subprocess.CompletedProcess([sys.executable, *command], code,
                                            stdout.read_text(errors="replace"),
                                            stderr.read_text(errors="replace"))
