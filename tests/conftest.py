@@ -100,14 +100,22 @@ def run_demo(demo: str, variant: str, *args: str) -> subprocess.CompletedProcess
     smoke run's scripts are): a fresh `python` spends 7.8 s of a smoke script's 13 s on 2 cores
     importing, and the suite runs about 20 of these. Anywhere else (--device auto or cuda), a
     process of its own, as run_demos.sh gives a run that may use CUDA."""
-    command = [str(ROOT / "demos" / demo / f"{variant}.py"), *args]
-    env = demo_env()
     on_the_cpu = any(args[i:i + 2] == ("--device", "cpu") for i in range(len(args)))
-    forks = demo_forks(env) if on_the_cpu else None
+    return run_python([str(ROOT / "demos" / demo / f"{variant}.py"), *args], on_the_cpu)
+
+
+def run_python(command: list[str], in_a_fork: bool,
+               timeout_s: float = DEMO_RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`python <command>` from the root, with this tree's common/ first (demo_env): in a fork of
+    the demo fork server if `in_a_fork` (for code that never uses CUDA: the server has not, and
+    a fork could not), else, or where the server runs under another environment, in a process
+    of its own."""
+    env = demo_env()
+    forks = demo_forks(env) if in_a_fork else None
     if forks is None:
         return subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True,
-                              text=True, timeout=DEMO_RUN_TIMEOUT_S, env=env)
-    return run_in_fork(forks, command, DEMO_RUN_TIMEOUT_S)
+                              text=True, timeout=timeout_s, env=env)
+    return run_in_fork(forks, command, timeout_s)
 
 
 def run_in_fork(forks: DemoForks, command: list[str],
@@ -211,8 +219,22 @@ class SmokeStarted:
 # The smoke run takes minutes of both cores, and most tests need none of it: it starts in the
 # background with the first test, and the tests that read it (or need a machine without it,
 # workers_cpu_out) run last, so the others run beside it instead of after it.
-LATE_FIXTURES = ("demos_smoke", "workers_cpu_out", "with_stack_runs", "doc_command_failures")
+LATE_FIXTURES = ("demos_smoke", "workers_cpu_out", "with_stack_runs", "doc_command_failures",
+                 "after_the_smoke_run")
 SELECTED_FIXTURES: set[str] = set()  # the fixtures the selected tests use, once collected
+
+
+DESELECTED: list[str] = []  # the tests -k, -m, --deselect or --lf took out of this session
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    DESELECTED.extend(item.nodeid for item in items)
+
+
+def whole_suite(session: pytest.Session) -> bool:
+    """Whether this session's items are every test there is: pytest was given no file or folder
+    (it collected the testpaths) and deselected none."""
+    return session.config.args_source == pytest.Config.ArgsSource.TESTPATHS and not DESELECTED
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they deselect
@@ -375,6 +397,14 @@ def demos_smoke(profiler_logdir, smoke_started) -> SmokeRuns:
     # Its progress lines read "=== [3/12] <demo>/<variant> (41 s elapsed)".
     ran = {line.split()[2] for line in stdout.splitlines() if line.startswith("=== [")}
     return SmokeRuns(out=started.out, ran=ran)
+
+
+@pytest.fixture
+def after_the_smoke_run(smoke_started) -> None:
+    """For a test that compiles what a smoke script compiled: it runs late and waits for the
+    smoke run, where the session has one, so that Inductor's cache holds the graphs and the test
+    only looks them up; in a session without one, it compiles them itself."""
+    wait_for_smoke(smoke_started)
 
 
 @pytest.fixture(scope="session")

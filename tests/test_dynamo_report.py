@@ -1,16 +1,17 @@
-"""devices.dynamo_report: what torch.compile did, from Dynamo's counters, in a fresh process per
-case (the counters are per process). Dynamo's own backend "eager" runs each graph as traced:
-graph breaks and recompiles are Dynamo's, whatever the backend, and no compiler is needed."""
+"""devices.dynamo_report: what torch.compile did, from Dynamo's counters, in a process per case
+(the counters are per process): a fork of the demo fork server, which imported torch and compiled
+nothing (a fresh `python` would spend most of a case importing). Dynamo's own backend "eager"
+runs each graph as traced: graph breaks and recompiles are Dynamo's, whatever the backend, and
+no compiler is needed."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import run_python
 
 # A forward whose loop count is a Python int that changes every call (each value a recompile),
 # with an .item() in a condition (a graph break a call): the two silent failures the report names.
@@ -35,12 +36,11 @@ print(json.dumps(devices.dynamo_report()))
 """
 
 
-def report_of(limit: int, calls: int, item: bool) -> dict:
-    code = CASE.format(limit=limit, calls=calls,
-                       item="x.sum().item() > 0" if item else "False")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={"PYTHONPATH": str(ROOT),
-                                                         "PATH": "/usr/bin:/bin"})
+def report_of(folder: Path, limit: int, calls: int, item: bool) -> dict:
+    script = folder / f"case_{limit}_{calls}_{item}.py"
+    script.write_text(CASE.format(limit=limit, calls=calls,
+                                  item="x.sum().item() > 0" if item else "False"))
+    result = run_python([str(script)], in_a_fork=True, timeout_s=CASE_TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -50,12 +50,14 @@ def report_of(limit: int, calls: int, item: bool) -> dict:
 CASES = {"over the limit": (3, 6, False), "under the limit": (8, 3, False),
          "an item": (8, 2, True)}
 CASE_JOBS = 2
+CASE_TIMEOUT_S = 300  # a case takes seconds; this only stops a hang
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict:
+def reports(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("dynamo_cases")
     with ThreadPoolExecutor(max_workers=CASE_JOBS) as pool:
-        found = pool.map(lambda case: report_of(*case), CASES.values())
+        found = pool.map(lambda case: report_of(folder, *case), CASES.values())
         return dict(zip(CASES, found))
 
 

@@ -47,9 +47,17 @@ def top_two_gap(argv: list[str], prompt_index: int, tokens: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-@pytest.mark.parametrize("argv, new_tokens", [(["--smoke"], None), ([], 48)],
-                         ids=["smoke", "cpu-preset-48-tokens"])
-def test_both_variants_generate_the_same_tokens(argv, new_tokens, tmp_path):
+def test_both_variants_generate_the_same_tokens_at_smoke_sizes(tmp_path, after_the_smoke_run):
+    # The smoke run's fixed.py compiled this decode step at these sizes: with it in Inductor's
+    # cache, this test takes 11 CPU-s on the 2-core EPYC (32 compiling it).
+    assert_same_tokens(["--smoke"], None, tmp_path)
+
+
+def test_both_variants_generate_the_same_48_tokens_at_cpu_preset_sizes(tmp_path):
+    assert_same_tokens([], 48, tmp_path)
+
+
+def assert_same_tokens(argv: list[str], new_tokens: int | None, tmp_path) -> None:
     argv = [*argv, "--out", str(tmp_path)]
     bad, fixed = generated("bad", argv, new_tokens), generated("fixed", argv, new_tokens)
     assert len(bad) == data.PROMPT_COUNT

@@ -19,7 +19,7 @@ import pytest
 
 from common import tensorboard_compat
 from tests.conftest import (ROOT, TENSORBOARD_START_METHOD, demo_env, demo_forks, load_script,
-                            run_in_fork)
+                            run_in_fork, whole_suite)
 from tests.kineto_builder import KinetoTrace, simulate_training, write_demo_run
 from tests.synthetic_traces import gpu_training_trace
 
@@ -441,16 +441,27 @@ def test_tensorboard_compat_without_orjson_writes_the_same_trace(tmp_path):
     assert written[tensorboard_compat.REWRITE_MARK_KEY]["renamed"]  # it did rewrite something
 
 
-def test_cuda_marker_selects_one_test_per_pair_and_nothing_else():
-    """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair,
-    each ladder, the memory budget's cap (a harness flag, on one pair) and the ladder's jitter
-    in Inductor's GPU code."""
+def cuda_selected(request) -> set[str]:
+    """The tests `pytest -m cuda` selects, with the marker registered: read from this session's
+    own items where they are the whole suite (a second collection costs 15 CPU-s on 2 cores),
+    else from a `pytest --collect-only -m cuda` of its own."""
+    if whole_suite(request.session):
+        registered = {line.split(":")[0] for line in request.config.getini("markers")}
+        assert "cuda" in registered, registered
+        return {item.nodeid for item in request.session.items if item.get_closest_marker("cuda")}
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
                              "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
                             timeout=SCRIPT_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "PytestUnknownMarkWarning" not in result.stdout + result.stderr
-    collected = {line for line in result.stdout.splitlines() if "::" in line}
+    return {line for line in result.stdout.splitlines() if "::" in line}
+
+
+def test_cuda_marker_selects_one_test_per_pair_and_nothing_else(request):
+    """`./scripts/test.sh -m cuda` on a GPU box: the marker is registered and picks every pair,
+    each ladder, the memory budget's cap (a harness flag, on one pair) and the ladder's jitter
+    in Inductor's GPU code."""
+    collected = cuda_selected(request)
     run_demos = load_script("run_demos")
     demos = run_demos.available_demos()
     pairs = [demo for demo in demos if not run_demos.rungs_of(demo)]
