@@ -181,9 +181,9 @@ RUN_DEMOS_TIMEOUT_S = 900  # every pair in smoke mode takes seconds each; this o
 # benchmark.
 SMOKE_JOBS = 2
 # The tests run one at a time, and their chain is the session's longest: the smoke run and the
-# TensorBoard after it (processes of their own, the plugin's loaders with it) run at a lower
-# priority, on what the tests leave of the cores, so that they do not slow the chain. On 2 cores
-# the plugin's load, forking a loader a run, starved the test beside it 5x (12 s to 56 s).
+# TensorBoard after it (process groups of their own, the plugin's loaders in it) run at a lower
+# priority, on what the tests leave of the cores, so that they slow the chain less. The
+# background jobs keep the tests' priority: their runs are forks of the tests' fork server.
 BACKGROUND_NICE = ("nice", "-n", "10")  # POSIX nice(1): 10, its default increment
 # The plugin parses each trace in a process of its own, forked (TENSORBOARD_START_METHOD): the
 # smoke run's 44 load in 33 s on 2 cores (70 s spawned), and the whole logdir (those, the
