@@ -1,8 +1,8 @@
 """devices.dynamo_report: what torch.compile did, from Dynamo's counters, in a process per case
 (the counters are per process): a fork of the demo fork server, which imported torch and compiled
-nothing (a fresh `python` would spend most of a case importing). Dynamo's own backend "eager"
-runs each graph as traced: graph breaks and recompiles are Dynamo's, whatever the backend, and
-no compiler is needed."""
+nothing, under the session's environment (a fresh `python` would spend most of a case importing).
+Dynamo's own backend "eager" runs each graph as traced: graph breaks and recompiles are Dynamo's,
+whatever the backend, and no compiler is needed."""
 from __future__ import annotations
 
 import json

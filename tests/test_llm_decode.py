@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common import data, devices, harness, models, profiling, runs, trace
-from tests.conftest import ROOT, read_summary, run_demo
+from tests.conftest import read_summary
 
 # Two greedy decoders that differ in float rounding (a masked attention over the static cache's
 # every slot, a compiled kernel's summation order) pick different tokens only where the top two

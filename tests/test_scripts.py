@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from common import tensorboard_compat
-from tests.conftest import (ROOT, TENSORBOARD_START_METHOD, demo_env, demo_forks, load_script,
-                            run_in_fork, whole_suite)
+from tests.conftest import (ROOT, TENSORBOARD_START_METHOD, UNKNOWN_MARKS, demo_env, demo_forks,
+                            load_script, run_in_fork, whole_suite)
 from tests.kineto_builder import KinetoTrace, simulate_training, write_demo_run
 from tests.synthetic_traces import gpu_training_trace
 
@@ -447,7 +447,7 @@ def cuda_selected(request) -> set[str]:
     else from a `pytest --collect-only -m cuda` of its own."""
     if whole_suite(request.session):
         registered = {line.split(":")[0] for line in request.config.getini("markers")}
-        assert "cuda" in registered, registered
+        assert "cuda" in registered and not UNKNOWN_MARKS, (registered, UNKNOWN_MARKS)
         return {item.nodeid for item in request.session.items if item.get_closest_marker("cuda")}
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda",
                              "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
