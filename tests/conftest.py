@@ -285,9 +285,10 @@ BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background_jo
 
 
 def background_job(name: str, run: Callable[[Path], object]) -> None:
-    """Register `run` (a test module does, when it is imported) as the job that the fixture
-    `name` reads: it starts in the background once the smoke run has ended, if a selected test
-    uses that fixture (start_background_jobs)."""
+    """Register `run` (a test module does, when it is imported; this file, for the CPU-preset
+    pair's bad run, once the smoke run has ended) as the job that the fixture `name` reads: it
+    starts in the background once the smoke run has ended, if a selected test uses that fixture
+    (start_background_jobs)."""
     BACKGROUND_JOBS[name] = BackgroundJob(run)
 
 
@@ -393,6 +394,9 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
         try:  # an error here would end the session (INTERNALERROR): the tests that need it fail
             if started.tensorboard is None and "tensorboard" in SELECTED_FIXTURES:
                 started.tensorboard = start_tensorboard(started.out.parent)
+            if "workers_cpu_out" in SELECTED_FIXTURES:  # bad has no workers: a job, the last
+                logdir = started.out.parent
+                background_job("workers_cpu_out", lambda _: run_workers_cpu_preset("bad", logdir))
             start_background_jobs(started.out.parent.parent)  # the session's temporary root
         except Exception as error:  # noqa: BLE001 - reported by the fixtures that read it
             started.follow_up_error = f"after the smoke run: {type(error).__name__}: {error}"
@@ -448,23 +452,30 @@ def workers_smoke_out(demos_smoke) -> Path:
     return demos_smoke.out
 
 
+def run_workers_cpu_preset(variant: str, profiler_logdir: Path) -> subprocess.CompletedProcess:
+    return run_demo("dataloader_workers", variant, *WORKERS_CPU_PRESET_ARGS,
+                    "--out", str(profiler_logdir / "cpu_preset"))
+
+
 @pytest.fixture(scope="session")
 def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
-    """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS), once
-    the smoke run, the plugin's load and the background jobs have ended: its two scripts do not
-    share the cores with the pair's workers."""
+    """The dataloader_workers pair at the CPU preset's sizes (see WORKERS_CPU_PRESET_ARGS) under
+    profiler_logdir/cpu_preset. Bad, which has no workers, runs as the last background job after
+    the smoke run (pytest_runtest_logfinish), beside the late tests; fixed once the smoke run,
+    the plugin's load and every background job have ended: its workers have the cores."""
     wait_for_smoke(smoke_started)
     if smoke_started is not None and smoke_started.follow_up_error:
         pytest.fail(smoke_started.follow_up_error)
     if smoke_started is not None and smoke_started.tensorboard is not None:
         loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)  # its cores, too
     wait_for_background_jobs()
-    out = profiler_logdir / "cpu_preset"
-    for variant in ("bad", "fixed"):
-        result = run_demo("dataloader_workers", variant, *WORKERS_CPU_PRESET_ARGS,
-                          "--out", str(out))
+    bad = BACKGROUND_JOBS.get("workers_cpu_out")
+    results = [bad.future.result() if bad and bad.future else
+               run_workers_cpu_preset("bad", profiler_logdir),
+               run_workers_cpu_preset("fixed", profiler_logdir)]
+    for result in results:
         assert result.returncode == 0, result.stdout + result.stderr
-    return out
+    return profiler_logdir / "cpu_preset"
 
 
 def write_synthetic_gpu(profiler_logdir: Path) -> Path:
