@@ -2,7 +2,6 @@
 fork of one process that imported torch), TensorBoard, and work run in the background."""
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -402,13 +401,18 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
             started.follow_up_error = f"after the smoke run: {type(error).__name__}: {error}"
 
 
-def wait_for_smoke(started: SmokeStarted | None) -> None:
-    """Until the smoke run has ended; a hung one is stopped and fails the test at its deadline."""
-    if started is None:
-        return
+def smoke_ended(started: SmokeStarted) -> bool:
+    """Waits until the smoke run has ended (True) or its deadline has passed (False)."""
     try:
         started.process.wait(timeout=max(0.0, started.deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def wait_for_smoke(started: SmokeStarted | None) -> None:
+    """Until the smoke run has ended; a hung one is stopped and fails the test at its deadline."""
+    if started is not None and not smoke_ended(started):
         stop_smoke(started)
         pytest.fail(f"the smoke run_demos.sh ran past {RUN_DEMOS_TIMEOUT_S} s: "
                     f"{started.stdout.read_text()[-3000:]}")
@@ -434,8 +438,7 @@ def after_the_smoke_run(smoke_started) -> None:
     only looks them up; in a session without one, or past a hung one's deadline (the tests that
     read the smoke run fail on it), it compiles them itself."""
     if smoke_started is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            smoke_started.process.wait(timeout=max(0.0, smoke_started.deadline - time.monotonic()))
+        smoke_ended(smoke_started)
 
 
 @pytest.fixture(scope="session")
@@ -469,11 +472,13 @@ def workers_cpu_out(profiler_logdir, smoke_started) -> Path:
     if smoke_started is not None and smoke_started.tensorboard is not None:
         loaded_tensorboard(smoke_started.tensorboard, profiler_logdir)  # its cores, too
     wait_for_background_jobs()
-    bad = BACKGROUND_JOBS.get("workers_cpu_out")
-    results = [bad.future.result() if bad and bad.future else
-               run_workers_cpu_preset("bad", profiler_logdir),
-               run_workers_cpu_preset("fixed", profiler_logdir)]
-    for result in results:
+    job = BACKGROUND_JOBS.get("workers_cpu_out")  # registered once a smoke run has ended
+    if job and job.future:
+        bad = job.future.result()
+    else:
+        bad = run_workers_cpu_preset("bad", profiler_logdir)
+    fixed = run_workers_cpu_preset("fixed", profiler_logdir)
+    for result in (bad, fixed):
         assert result.returncode == 0, result.stdout + result.stderr
     return profiler_logdir / "cpu_preset"
 
