@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from common import stopping
+
 CPU_RANKS = 2  # processes on a CPU: the issue's 2-core box runs one per core
 MIN_GPU_RANKS = 2  # on a GPU machine one per GPU, and at least two (they then share a GPU)
 # A job that runs longer is stopped, every rank with it: a rank stuck outside a collective (a
@@ -22,7 +23,6 @@ MIN_GPU_RANKS = 2  # on a GPU machine one per GPU, and at least two (they then s
 # 10 minutes by default) cover only the collectives. The full-size ddp_no_sync run takes about
 # 100 s on the H100 and a few minutes on a 2-core CPU: an hour only stops a hung job.
 RELAUNCH_TIMEOUT_S = 3600
-STOP_GRACE_S = 10  # after SIGTERM, what torchrun and its ranks get to exit before SIGKILL
 # What torchrun prints for each failed rank ("exitcode  : 2"), from its error summary.
 EXITCODE_LINE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
@@ -51,40 +51,27 @@ def last_error_line(text: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to torchrun's process group (torchrun and every rank), then, after STOP_GRACE_S,
-    SIGKILL to whatever of the group is left: a rank that ignores SIGTERM outlives torchrun."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:  # the whole group is gone
-            break
-        try:
-            process.communicate(timeout=STOP_GRACE_S)  # reads its stderr: no full pipe blocks it
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def relaunch(script: str, argv: list[str], ranks: int,
              timeout_s: float = RELAUNCH_TIMEOUT_S) -> int:
     """Run `script argv` under torchrun with `ranks` processes and wait; the exit code: 0, or
     that of a failed rank (2 for the harness's one-line errors, else 1) after one line per
     failed rank. torchrun stops every other rank when one fails; a job still running after
     timeout_s is stopped whole (one line, exit 1). Either way none is left running."""
-    with tempfile.TemporaryDirectory(prefix="torchrun_") as log_dir:
+    # SIGTERM to this process stops the job too (sigterm_raises), as Ctrl-C does.
+    with stopping.sigterm_raises(), tempfile.TemporaryDirectory(prefix="torchrun_") as log_dir:
         # Its own process group, so that a stop reaches the ranks and not only torchrun.
         process = subprocess.Popen(torchrun_command(script, argv, ranks, log_dir),
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             _, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            stop_group(process)
+            stopping.stop(process, group=True)
             print(f"error: the {ranks} ranks were still running after {timeout_s:g} s: stopped "
                   f"them all (a rank is stuck; its progress lines above show where)",
                   file=sys.stderr)
             return 1
         except BaseException:  # Ctrl-C reaches only this process: the ranks are in their group
-            stop_group(process)
+            stopping.stop(process, group=True)
             raise
         if process.returncode == 0:
             return 0

@@ -11,7 +11,8 @@ standard error apart from the log, and "timeout_s": seconds after which SIGALRM 
 hung script). Each fork runs its script as
 __main__ and ends as the interpreter would (threads joined, exit handlers run, the exit code of
 sys.exit or 1 after an error's traceback); "<id> <exit code>" is written to REPLIES_FD when it
-has ended. At the end of stdin, this process waits for its forks and exits.
+has ended. At the end of stdin, this process waits for its forks and exits. On SIGTERM it stops
+its forks (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S) and ends as SIGTERM ends it.
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
+
+from common import stopping
 
 # What a script imports before its first step: torch, torchvision, and torch._dynamo, which an
 # optimizer's constructor pulls in.
@@ -94,6 +98,10 @@ def fork(request: dict, replies_fd: int) -> int:
         return pid
     code = 1
     try:
+        # SIGTERM ends the script at once, as it ends `python <script>`, not through this
+        # process's handler (which stops the forks); serve blocked it across the fork.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.close(replies_fd)
         code = run_script(request["command"], request["cwd"], request["log"],
                           request.get("stderr"), request.get("timeout_s"))
@@ -105,14 +113,15 @@ def fork(request: dict, replies_fd: int) -> int:
         os._exit(code)
 
 
-def serve(replies_fd: int) -> None:
+def serve(replies_fd: int, running: dict[int, int]) -> None:
+    """Fork a script for each request, until the end of stdin; `running` holds each fork's pid
+    and request id until it has ended and been replied for."""
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
     import torch
 
     if torch.cuda.is_initialized():  # a fork cannot use CUDA its parent initialized
         sys.exit("forks.py: an import initialized CUDA; the scripts cannot run in forks")
-    running: dict[int, int] = {}  # pid -> request id
     requests, pending = sys.stdin.buffer, b""
     while True:
         readable, _, _ = select.select([requests], [], [], POLL_S)
@@ -123,10 +132,25 @@ def serve(replies_fd: int) -> None:
             *lines, pending = (pending + chunk).split(b"\n")
             for line in filter(None, lines):
                 request = json.loads(line)
+                # SIGTERM held back until the fork is in `running`, so that stop_forks sees it
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
                 running[fork(request, replies_fd)] = request["id"]
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         reap(running, replies_fd, block=False)
     while running:
         reap(running, replies_fd, block=True)
+
+
+def stop_forks(running: dict[int, int], replies_fd: int) -> None:
+    """SIGTERM to every running fork, then, after STOP_GRACE_S, SIGKILL to those left; each
+    reaped and replied for."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in running:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + stopping.STOP_GRACE_S
+        while running and time.monotonic() < deadline:
+            reap(running, replies_fd, block=False)
+            time.sleep(POLL_S)
 
 
 def reap(running: dict[int, int], replies_fd: int, block: bool) -> None:
@@ -144,7 +168,13 @@ def reap(running: dict[int, int], replies_fd: int, block: bool) -> None:
 
 
 if __name__ == "__main__":
+    forks: dict[int, int] = {}  # pid -> request id, while it runs
     try:
-        serve(int(sys.argv[1]))
+        with stopping.sigterm_raises():
+            try:
+                serve(int(sys.argv[1]), forks)
+            except stopping.Terminated:
+                stop_forks(forks, int(sys.argv[1]))
+                raise
     except KeyboardInterrupt:  # Ctrl-C stops the forks too (one process group): no traceback
         sys.exit(130)

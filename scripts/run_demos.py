@@ -17,6 +17,7 @@ traces/reference/ holds the committed reference runs: --out there is refused unl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import compare, ladder, report, trace
+from common import compare, ladder, report, stopping, trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS_DIR = ROOT / "demos"
@@ -175,6 +176,10 @@ class Forks:
         self.process.wait()
         os.close(self.replies_fd)
 
+    def stop(self) -> None:
+        """Stop it and its forks (forks.py ends them on SIGTERM); close() then returns at once."""
+        stopping.stop(self.process)
+
 
 def start_forks(env: dict[str, str] | None = None) -> Forks:
     """scripts/forks.py, under `env` (this process's environment if None)."""
@@ -186,17 +191,30 @@ def start_forks(env: dict[str, str] | None = None) -> Forks:
     return Forks(process, replies_fd)
 
 
-def start_script(command: list[str], forks: Forks | None,
-                 log: Path | None) -> Callable[[], int | None]:
-    """Start one script, in a fork of `forks` or in a process of its own, its output to `log`
-    (or the console); returns its poll: its exit code once it has ended, None while it runs."""
+def start_script(command: list[str], forks: Forks | None, log: Path | None,
+                 processes: list[subprocess.Popen]) -> Callable[[], int | None]:
+    """Start one script, in a fork of `forks` or in a process of its own (added to
+    `processes`), its output to `log` (or the console); returns its poll: its exit code once it
+    has ended, None while it runs."""
     if forks is not None:
         return forks.start(command, log)
     if log is None:
-        return subprocess.Popen([sys.executable, *command], cwd=ROOT).poll
-    with open(log, "w") as output:  # the script has its own copy of the file
-        return subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=output,
-                                stderr=subprocess.STDOUT).poll
+        processes.append(subprocess.Popen([sys.executable, *command], cwd=ROOT))
+    else:
+        with open(log, "w") as output:  # the script has its own copy of the file
+            processes.append(subprocess.Popen([sys.executable, *command], cwd=ROOT,
+                                              stdout=output, stderr=subprocess.STDOUT))
+    return processes[-1].poll
+
+
+def stop_scripts(processes: list[subprocess.Popen], forks: Forks | None) -> None:
+    """Stop every script still running (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S):
+    a run that ends early (SIGTERM, Ctrl-C, an error) leaves none behind."""
+    running = [process for process in processes if process.poll() is None]
+    if forks is not None and forks.process.poll() is None:
+        forks.stop()
+    for process in running:
+        stopping.stop(process)
 
 
 def succeeded(demo: str, variant: str, returncode: int, started: datetime,
@@ -216,12 +234,12 @@ def now_whole_s() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
 
-def run_variant(demo: str, variant: str, flags: argparse.Namespace,
-                forks: Forks | None = None) -> bool:
-    """Run one script (in a fork of `forks`, if given), its output to the console; whether it
-    succeeded."""
+def run_variant(demo: str, variant: str, flags: argparse.Namespace, forks: Forks | None,
+                processes: list[subprocess.Popen]) -> bool:
+    """Run one script (in a fork of `forks`, if given, else added to `processes`), its output
+    to the console; whether it succeeded."""
     began = now_whole_s()
-    poll = start_script(script_command(demo, variant, flags), forks, log=None)
+    poll = start_script(script_command(demo, variant, flags), forks, None, processes)
     while (code := poll()) is None:
         time.sleep(POLL_S)
     return succeeded(demo, variant, code, began, flags)
@@ -249,12 +267,13 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
               f"({time.perf_counter() - started:.0f} s elapsed)", flush=True)
 
     forks = start_forks() if forks_scripts(flags) else None
+    processes: list[subprocess.Popen] = []  # the scripts started in processes of their own
     logs = None
     try:
         if flags.jobs == 1:
             for index, (demo, variant) in enumerate(runs, start=1):
                 header(index, demo, variant)
-                yield run_variant(demo, variant, flags, forks), demo, variant
+                yield run_variant(demo, variant, flags, forks, processes), demo, variant
             return
         # Several at once, each one's output into a file, printed whole when it ends, in order.
         logs = Path(tempfile.mkdtemp(prefix="run_demos_"))
@@ -267,7 +286,8 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
                        and (index := next_to_start(runs, waiting, running)) is not None):
                     waiting.remove(index)
                     command, began = script_command(*runs[index], flags), now_whole_s()
-                    running[index] = start_script(command, forks, logs / f"{index}.log"), began
+                    log = logs / f"{index}.log"
+                    running[index] = start_script(command, forks, log, processes), began
                 for index, (poll, began) in list(running.items()):
                     if (code := poll()) is not None:
                         del running[index]
@@ -278,6 +298,9 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
             log = logs / f"{printing}.log"  # none if the script failed before it started
             print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
             yield ended[printing], demo, variant
+    except BaseException:  # SIGTERM (stopping.Terminated), Ctrl-C, an error, the caller's close
+        stop_scripts(processes, forks)
+        raise
     finally:
         if forks is not None:
             forks.close()
@@ -291,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     run_started = datetime.now(timezone.utc)  # the report shows no summary older than this
     started = time.perf_counter()
     runs = [(demo, variant) for demo in flags.demos for variant in variants_of(demo)]
-    for done, demo, variant in run_scripts(runs, flags):
-        if not done:
-            failed.append(f"{demo}/{variant}")
+    # closing: where this loop ends early (SIGTERM, Ctrl-C), run_scripts stops what still runs
+    with contextlib.closing(run_scripts(runs, flags)) as results:
+        for done, demo, variant in results:
+            if not done:
+                failed.append(f"{demo}/{variant}")
     failed_demos = {name.split("/")[0] for name in failed}
     pairs = [demo for demo in flags.demos if not rungs_of(demo)]
     ladders = [demo for demo in flags.demos if rungs_of(demo)]
@@ -324,4 +349,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        with stopping.sigterm_raises():  # SIGTERM stops the scripts running, as Ctrl-C does
+            sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nrun_demos.sh: stopped (Ctrl-C); no script is left running", file=sys.stderr)
+        sys.exit(130)

@@ -5,6 +5,11 @@ fixed, and padding_waste's token counts are the ones its batches hold. Speed rat
 the CPU run quoted in the READMEs: at smoke sizes they are noise."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +23,7 @@ from common.verdicts import (
     UNFUSED_OPTIMIZER_MAX_US_PER_OP,
     UNFUSED_OPTIMIZER_MIN_PCT,
 )
-from tests.conftest import assert_timing_is_consistent, read_summary
+from tests.conftest import assert_timing_is_consistent, demo_env, read_summary
 
 PAIRS = ("naive_attention", "unfused_optimizer", "padding_waste")
 
@@ -244,6 +249,35 @@ def test_a_stuck_job_is_stopped_whole_at_its_timeout(tmp_path, capsys):
     assert err == [f"error: the 2 ranks were still running after {timeout_s} s: stopped them all "
                    f"(a rank is stuck; its progress lines above show where)"]
     assert processes_running(str(script)) == []
+
+
+def test_sigterm_to_the_launcher_stops_torchrun_and_every_rank(tmp_path):
+    """torchrun and the ranks run in a session of their own (a stop must reach them all), so a
+    SIGTERM to the script that launched them (a `kill`, run_demos.py's stop) would leave them
+    running: the launcher stops the job first, then ends as SIGTERM ends it."""
+    script, started = tmp_path / "ranks.py", tmp_path / "started"
+    started.mkdir()
+    script.write_text("import os, time\n"
+                      f"open(os.path.join({str(started)!r}, os.environ['RANK']), 'w').close()\n"
+                      f"time.sleep({RANK_SLEEP_S})\n")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from common import distributed; "
+         "sys.exit(distributed.relaunch(sys.argv[1], [], 2))", str(script)],
+        env=demo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + TEST_RELAUNCH_TIMEOUT_S
+        while len(list(started.iterdir())) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=TEST_RELAUNCH_TIMEOUT_S)
+        assert launcher.returncode == -signal.SIGTERM
+        assert processes_running(str(script)) == []  # torchrun's command line names it too
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in processes_running(str(script)):  # a failure leaves nothing running
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_torch_without_distributed_is_one_line(monkeypatch, capsys):

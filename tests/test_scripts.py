@@ -4,6 +4,7 @@ and no real TensorBoard: fake demo scripts and fake interpreters stand in, so ea
 seconds."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -252,6 +254,107 @@ def test_a_fork_keeps_its_stderr_apart_and_is_ended_past_its_timeout(tmp_path):
     done = run_in_fork(demo_forks(demo_env()), [str(script)], timeout_s=1)
     assert done.returncode == -signal.SIGALRM
     assert (done.stdout, done.stderr) == ("to stdout\n", "to stderr\n")
+
+
+# --- SIGTERM: a run stopped from outside leaves nothing running ---------------------------------
+# A hanging fake script: it writes its pid to started/<its name> and sleeps far longer than the
+# test waits, so that only a stop can end it.
+HANGING_SCRIPT = """import os, time
+from pathlib import Path
+Path({started!r}, Path(__file__).stem).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+SCRIPTS_START_TIMEOUT_S = 120  # forks.py imports torch first: seconds here, more on a loaded box
+# run_demos.py stops what it started within stopping.STOP_GRACE_S (SIGKILL after it); this is
+# far above, and only stops a test whose run would not end.
+STOPPED_TIMEOUT_S = 60
+
+
+def session_processes(session_id: int) -> list[int]:
+    """Pids of the processes in a session, zombies too: a process that nothing waited for."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == session_id:
+                found.append(int(proc.name))
+        except OSError:  # it ended while we looked
+            pass
+    return found
+
+
+def wait_for_files(paths: list[Path], process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(path.is_file() for path in paths):
+        assert process.poll() is None, f"it ended first, exit code {process.returncode}"
+        assert time.monotonic() < deadline, f"no {paths} after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_sigterm_in_the_block_unwinds_it_then_reaches_the_handler_before_it():
+    """stopping.sigterm_raises: SIGTERM raises inside the block, so its `finally` runs; then the
+    signal goes on to the handler that was there before (pytest's, an outer block's), which is
+    back in place; where that is the default, the process ends (the run_demos tests below)."""
+    from common import stopping
+    seen = []
+
+    def outer(signum, frame) -> None:
+        seen.append("outer handler")
+
+    before = signal.signal(signal.SIGTERM, outer)
+    try:
+        with stopping.sigterm_raises():
+            try:
+                signal.raise_signal(signal.SIGTERM)
+                seen.append("not stopped")
+            finally:
+                seen.append("finally")
+        seen.append("after the block")
+        assert signal.getsignal(signal.SIGTERM) is outer
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert seen == ["finally", "outer handler", "after the block"]
+
+
+@pytest.mark.parametrize("args, scripts", [
+    (["--smoke", "--device", "cpu", "--jobs", "2"], ["bad", "fixed"]),  # in forks of forks.py
+    (["--device", "cpu"], ["bad"]),  # a timed run: a process of its own
+], ids=["forks", "processes"])
+def test_sigterm_to_run_demos_stops_the_scripts_still_running_and_leaves_nothing(
+        tmp_path, args, scripts):
+    """A SIGTERM to run_demos.py alone (a `kill`, a CI job's cancel; not its process group, as
+    Ctrl-C reaches) stops the scripts it started, which would run on as orphans, holding a GPU's
+    memory; its --jobs logs go too. It ends as SIGTERM ends a process, without a traceback."""
+    root, started, tmp = tmp_path / "root", tmp_path / "started", tmp_path / "tmp"
+    for folder in (root / "scripts", root / "demos" / "hangs", started, tmp):
+        folder.mkdir(parents=True)
+    for name in ("run_demos.py", "forks.py"):  # the real scripts, over fake demos
+        shutil.copy(ROOT / "scripts" / name, root / "scripts" / name)
+    for variant in ("bad", "fixed"):
+        (root / "demos" / "hangs" / f"{variant}.py").write_text(
+            HANGING_SCRIPT.format(started=str(started)))
+    # Output to a file: a pipe would stay open while a script left running holds it.
+    with open(tmp_path / "output", "w") as output:
+        run = subprocess.Popen(
+            [sys.executable, str(root / "scripts" / "run_demos.py"), *args, "--out",
+             str(tmp_path / "out")], env=dict(demo_env(), TMPDIR=str(tmp)), stdout=output,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_files([started / name for name in scripts], run, SCRIPTS_START_TIMEOUT_S)
+        script_pids = [int((started / name).read_text()) for name in scripts]
+        assert set(script_pids) <= set(session_processes(run.pid))
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=STOPPED_TIMEOUT_S)
+        left = session_processes(run.pid)  # the scripts, forks.py: each stopped and waited for
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left, as it should be
+            os.killpg(run.pid, signal.SIGKILL)  # whatever is left: a failure leaves nothing
+        run.wait()
+    printed = (tmp_path / "output").read_text()
+    assert run.returncode == -signal.SIGTERM, printed
+    assert "Traceback" not in printed
+    assert left == []
+    assert list(tmp.glob("run_demos_*")) == []
 
 
 @pytest.mark.parametrize("args, says", [
