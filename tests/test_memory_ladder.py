@@ -238,7 +238,7 @@ def test_run_demos_takes_a_rung_out_of_memory_as_a_result(tmp_path, monkeypatch,
     with an earlier run's, it is a failure."""
     folder = tmp_path / "memory_ladder" / "rung0_baseline"
 
-    def script(command, flags, log):
+    def script(command, forks, log, processes):
         if record_age_s is not None:
             folder.mkdir(parents=True, exist_ok=True)
             when = datetime.now(timezone.utc) + timedelta(seconds=record_age_s)
@@ -249,7 +249,8 @@ def test_run_demos_takes_a_rung_out_of_memory_as_a_result(tmp_path, monkeypatch,
     monkeypatch.setattr(run_demos, "start_script", script)
     flags = Namespace(device="cuda", out=tmp_path, smoke=True, with_stack=False, steps=None,
                       seed=None, memory_budget_gb=None, recorded_steps=None)
-    assert run_demos.run_variant("memory_ladder", "rung0_baseline", flags) is counts_as_run
+    counted = run_demos.run_variant("memory_ladder", "rung0_baseline", flags, None, [])
+    assert counted is counts_as_run
 
 
 @pytest.mark.parametrize("flags, emulated", [("fpu sse2 avx2", True),

@@ -123,7 +123,7 @@ def test_run_demos_writes_the_report_of_this_run_only(pairs_out, monkeypatch, ca
     run_demos = load_script("run_demos")
     monkeypatch.setattr(run_demos, "available_demos", lambda: ["small_batch"])
 
-    def fake_run(demo, variant, flags, forks=None):
+    def fake_run(demo, variant, flags, forks, processes):
         if outcome == "fresh":
             fresh_summaries(flags.out, demo)
         return not (outcome == "failed" and variant == "fixed")
