@@ -156,6 +156,17 @@ def gpu_unrecorded_warning(calls: int, device: str) -> str | None:
             f"from this trace")
 
 
+def several_gpus_warning(by_device: dict[str, float] | None) -> str | None:
+    """For a trace of one process driving several GPUs: its GPU numbers are of their union."""
+    if not by_device:
+        return None
+    each = ", ".join(f"{pid}: {pct:.1f} %" for pid, pct in by_device.items())
+    return (f"GPU work on {len(by_device)} devices in one trace: utilization, idle time and "
+            f"every other GPU number here are of their union (a time when any of them is busy), "
+            f"not of one GPU; each device's own utilization, by the pid its events are under: "
+            f"{each}")
+
+
 # --- The whole analysis. -------------------------------------------------------------------------
 
 def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[float, float],
@@ -341,7 +352,9 @@ def analyze_file(trace_path: Path) -> Analysis:
         RECORDED_NOTHING_WARNING if metrics["recorded_nothing"] else None,
         sanity.warning_line(columns.impossible),
         initialization_regime_warning(metrics["initialization"]),
-        gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"])) if line]
+        gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"]),
+        several_gpus_warning(metrics["gpu"] and metrics["gpu"]["utilization_pct_by_device"]))
+        if line]
     return Analysis(result=metrics, steps=steps, window=window, host_window=host_window,
                     breakdown_ms=breakdown,
                     regions=columns.regions, kernel_busy=merge(columns.kernels),

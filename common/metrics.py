@@ -252,6 +252,22 @@ def graph_replays(columns: TraceColumns, in_steps: np.ndarray, in_window: np.nda
                 graph].sum()) / US_PER_MS / n_steps}
 
 
+def utilization_by_device(columns: TraceColumns, low: float,
+                          high: float) -> dict[str, float] | None:
+    """Each GPU's utilization (its kernels, copies and memsets: their union in [low, high] over
+    its length) by the pid its events are under; None where the trace holds one GPU's work."""
+    if len(columns.gpu_devices) < 2 or high <= low:
+        return None
+    ops = ((columns.kernels, columns.kernel_device), (columns.memcpy, columns.memcpy_device),
+           (columns.memset, columns.memset_device))
+    by_device = {}
+    for index, pid in enumerate(columns.gpu_devices):
+        mine = concat(*(Spans(spans.start[device == index], spans.end[device == index])
+                        for spans, device in ops))
+        by_device[str(pid)] = 100.0 * union_in(mine, low, high) / (high - low)
+    return by_device
+
+
 def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,
                 runtime_step: np.ndarray, steps: Spans | None = None,
                 syncs: HostSyncs | None = None,
@@ -329,6 +345,9 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
                              unrecorded_work(columns, window))
     return {
         "utilization_pct": share(gpu_busy, span),
+        # Of a trace with GPU work on several devices (one process driving them: a model split
+        # across GPUs), each device's utilization: every other GPU number is of their union.
+        "utilization_pct_by_device": utilization_by_device(columns, low, high),
         # The same, of the time the trace accounts for: without the idle stretches in which the
         # GPU ran or waited on work launched before the recording (idle cause "unrecorded").
         "recorded_utilization_pct": share(gpu_busy, span * (1 - idle["unrecorded"] / 100.0)),

@@ -242,6 +242,12 @@ class TraceColumns:
     memory_device_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     memory_addr: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     memory_thread: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # Which GPU ran each kernel, copy and memset: an index into gpu_devices, the pids of the GPUs'
+    # events in order of appearance (Kineto writes a GPU's events under pid = its device index).
+    kernel_device: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    memcpy_device: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    memset_device: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    gpu_devices: list = field(default_factory=list)
 
 
 # --- Reading the events. ----------------------------------------------------------------------
@@ -364,6 +370,7 @@ class Pieces:
     arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)
     kernel_name_ids: dict[str, int] = field(default_factory=dict)
     gpu_pids: set = field(default_factory=set)
+    gpu_device_ids: dict = field(default_factory=dict)  # a GPU event's pid -> its device's index
     named_spans: list[tuple[str, float, float, object]] = field(default_factory=list)
     layer_batches: list[tuple[float, int]] = field(default_factory=list)  # (start µs, batch)
     # (start µs, end µs, name, pid, thread, elements or None) of each collective span and DDP
@@ -431,7 +438,11 @@ def read_piece(pieces: Pieces, events: list) -> None:
             pieces.add(f"{kind}_end", spans.end)
             pieces.add(f"{kind}_correlation", correlations(group))
         if kind in ("kernel", "memcpy", "memset"):
-            pieces.gpu_pids.update(map(PID, group))
+            pids = list(map(PID, group))
+            pieces.gpu_pids.update(pids)
+            devices = pieces.gpu_device_ids
+            pieces.add(f"{kind}_device", np.fromiter(
+                (devices.setdefault(pid, len(devices)) for pid in pids), np.int64, len(pids)))
         if kind == "kernel":
             ids = pieces.kernel_name_ids
             names = names_of(group)
@@ -771,7 +782,11 @@ def finish(pieces: Pieces, top: dict) -> TraceColumns:
         cpu_op_is_region=pieces.column("cpu_op_is_region", bool),
         annotations=Spans(np.array([span[0] for span in annotations], dtype=np.float64),
                           np.array([span[1] for span in annotations], dtype=np.float64)),
-        annotation_names=np.array([span[2] for span in annotations], dtype=object))
+        annotation_names=np.array([span[2] for span in annotations], dtype=object),
+        kernel_device=pieces.column("kernel_device", np.int64),
+        memcpy_device=pieces.column("memcpy_device", np.int64),
+        memset_device=pieces.column("memset_device", np.int64),
+        gpu_devices=list(pieces.gpu_device_ids))
 
 
 def read_pieces(pieces_of_events) -> Pieces:

@@ -17,6 +17,50 @@ from tests.kineto_builder import KinetoTrace
 STEP_US = 1000.0
 
 
+# --- One process driving two GPUs (a model split across them). -----------------------------------
+
+def split_model_trace() -> KinetoTrace:
+    """Four steps of 1000 µs; in each, the first half of the model on GPU 0 (a kernel 0..400 µs)
+    hands its activations to the second on GPU 1 (a device-to-device copy 400..450, then a kernel
+    450..850): each GPU waits while the other works, busy 40 % and 45 %, and at least one of them
+    85 % of the time."""
+    t = KinetoTrace()
+    t.gpu()
+    t.gpu()
+    for step in range(4):
+        at = step * STEP_US
+        t.step(step + 1, at, STEP_US)
+        t.gpu_pid = 0
+        t.launch(at, 5, at, 400)
+        t.gpu_pid = 1
+        t.memcpy(at + 10, 5, at + 400, 50, kind="DtoD")
+        t.launch(at + 20, 5, at + 450, 400)
+    return t
+
+
+def test_two_gpus_in_one_trace_give_each_one_s_utilization_and_say_the_rest_is_their_union(
+        tmp_path, capsys):
+    path = split_model_trace().write(tmp_path / "t.json")
+    result = analyze.analyze_trace(path)
+    gpu = result["gpu"]
+    assert gpu["utilization_pct"] == pytest.approx(85.0)  # the union: one GPU or the other
+    assert gpu["utilization_pct_by_device"] == pytest.approx({"0": 40.0, "1": 45.0})
+    assert result["warnings"] == [
+        "GPU work on 2 devices in one trace: utilization, idle time and every other GPU number "
+        "here are of their union (a time when any of them is busy), not of one GPU; each "
+        "device's own utilization, by the pid its events are under: 0: 40.0 %, 1: 45.0 %"]
+    assert analyze.main([str(path)]) == 0
+    assert "warning      GPU work on 2 devices in one trace" in capsys.readouterr().out
+
+
+def test_one_gpu_s_trace_has_no_utilization_by_device(tmp_path):
+    t = split_model_trace()
+    t.events = [event for event in t.events if event["pid"] != 1]  # GPU 0's half alone
+    result = analyze.analyze_trace(t.write(tmp_path / "t.json"))
+    assert result["gpu"]["utilization_pct"] == pytest.approx(40.0)
+    assert result["gpu"]["utilization_pct_by_device"] is None and result["warnings"] == []
+
+
 # --- A GPU run whose GPU was not recorded. -------------------------------------------------------
 
 def unrecorded_gpu_trace(launches: int, vocabulary: str = "current") -> KinetoTrace:

@@ -333,6 +333,9 @@ def test_gpu_counts_by_hand(name):
     assert gpu["syncs_per_step"] == len(syncs) / n
     by_hand = {cause: count / n for cause, count in hand_sync_causes(events, syncs).items()}
     assert gpu["syncs_by_cause_per_step"] == by_hand == EXPECTED[name]["syncs_by_cause"]
+    # Each of these traces is one rank's, its GPU work on one device (one pid): no split.
+    assert len({e["pid"] for e in events if e.get("cat") in GPU_WORK}) == 1
+    assert gpu["utilization_pct_by_device"] is None
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if EXPECTED[n]["device"] != "cpu"])
