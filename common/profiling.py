@@ -30,7 +30,7 @@ from torch.profiler import (
     tensorboard_trace_handler,
 )
 
-from common import distributed, presets, tensorboard_compat, trace, trace_columns
+from common import distributed, presets, stopping, tensorboard_compat, trace, trace_columns
 from common.devices import (
     KINETO_LOG_LEVEL_CPU,
     MB_PER_GB,
@@ -118,6 +118,9 @@ def clocked_steps(run: Run, step: Callable[[], None], count: int, phase: str,
     return wall_s, (ends - starts) * 1000.0
 
 
+# SIGTERM (a kill, torchrun stopping its ranks) unwinds the recording as Ctrl-C does: `finally`
+# removes the staging folder, then the process ends as SIGTERM ends it.
+@stopping.sigterm_raises()
 def profiled_steps(run: Run, step: Callable[[], None]) -> tuple[Path, np.ndarray, dict | None]:
     """Run a few steps under torch.profiler; write the gzip trace and the operator table into
     run.out_dir (which measure() has emptied), and on a GPU with run.memory_snapshot the

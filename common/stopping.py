@@ -1,9 +1,10 @@
 """Stopping what a process started. By default SIGTERM (a `kill`, a CI job's timeout, a job
-scheduler) ends a Python process at once, skipping its `finally` blocks, and the processes it
-started run on as orphans (on a GPU, holding its memory). A process that starts others runs
-under sigterm_raises: SIGTERM then raises Terminated where the process is, as Ctrl-C raises
-KeyboardInterrupt, so that the blocks it unwinds stop what it started; then the process ends
-as SIGTERM would have ended it. Imports no torch."""
+scheduler) ends a Python process at once, skipping its `finally` blocks: the processes it
+started run on as orphans (on a GPU, holding its memory), and what it was writing to a
+temporary place stays there. Such a process runs under sigterm_raises: SIGTERM then raises
+Terminated where the process is, as Ctrl-C raises KeyboardInterrupt, so that the blocks it
+unwinds stop what it started and remove what it wrote; then the process ends as SIGTERM would
+have ended it. Imports no torch."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 # After SIGTERM, what a started process gets to exit before SIGKILL: a demo script dies at once,
@@ -25,13 +27,17 @@ class Terminated(BaseException):
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Inside the block (in the main thread), SIGTERM raises Terminated. One that ends the block
-    is sent again, after the `finally` blocks it unwound, to what handled SIGTERM before: by
-    default that ends the process as SIGTERM ends it (exit status -15, 143 in a shell); a
-    handler of its own (pytest's, an outer block's) runs as if this block were not there."""
+    """Inside the block, SIGTERM raises Terminated. One that ends the block is sent again, after
+    the `finally` blocks it unwound, to what handled SIGTERM before: by default that ends the
+    process as SIGTERM ends it (exit status -15, 143 in a shell); a handler of its own (pytest's,
+    an outer block's) runs as if this block were not there. In another thread than the main
+    one, SIGTERM stays as it is: Python runs signal handlers in the main thread only."""
     def raise_terminated(signum, frame) -> None:
         raise Terminated
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     if previous is None:  # a handler not set from Python: SIGTERM's own action stands for it
         previous = signal.SIG_DFL

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from common import devices, harness, presets, profiling, runs
-from tests.conftest import ROOT, cpu_with_flags, read_summary, run_demo
+from tests.conftest import ROOT, cpu_with_flags, read_summary, run_demo, run_python
 
 
 def test_defaults(monkeypatch):
@@ -393,6 +396,34 @@ def test_out_of_memory_anywhere_is_one_line_exit_2_and_nothing_left(tmp_path, wh
     assert result.stderr.startswith("error: over the memory budget: item_sync/bad")
     assert "--memory-budget-gb 2 on" in result.stderr
     assert not stale.exists()
+
+
+# A run stopped by SIGTERM while the profiler records (its second profiled step; warm-up 1,
+# timed 2 before it): the step sends it to its own process.
+SIGTERM_IN_A_STEP_SCRIPT = """
+import os, signal, sys
+from common import harness
+calls = []
+def step():
+    calls.append(1)
+    if len(calls) == 1 + 2 + 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+harness.profile_loop(step, name=sys.argv[1], variant="run", batch_size=1, steps=2,
+                     warmup_steps=1, out=sys.argv[2])
+"""
+
+
+def test_sigterm_in_a_step_ends_the_run_as_sigterm_does_and_leaves_no_staging_folder(tmp_path):
+    """SIGTERM (a kill; torchrun stopping its ranks) unwinds the run: the trace's staging folder
+    in the temporary directory is removed, and the process ends as SIGTERM ends it, without a
+    traceback. By default Python would end at once and leave the folder behind."""
+    script, name = tmp_path / "stopped.py", f"stopped{os.getpid()}"
+    script.write_text(SIGTERM_IN_A_STEP_SCRIPT)
+    result = run_python([str(script), name, str(tmp_path / "out")], in_a_fork=True)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "profiling" in result.stdout  # it was stopped in the profiled phase
+    assert list(Path(tempfile.gettempdir()).glob(f"{name}_run_*")) == []
 
 
 def test_every_cpu_no_amx_preset_has_its_measured_emulated_step():
