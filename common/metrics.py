@@ -255,7 +255,8 @@ def graph_replays(columns: TraceColumns, in_steps: np.ndarray, in_window: np.nda
 def utilization_by_device(columns: TraceColumns, low: float,
                           high: float) -> dict[str, float] | None:
     """Each GPU's utilization (its kernels, copies and memsets: their union in [low, high] over
-    its length) by the pid its events are under; None where the trace holds one GPU's work."""
+    its length) by the pid its events are under; None where one GPU works in [low, high] (another
+    may have, outside it: the union there is the one GPU's)."""
     if len(columns.gpu_devices) < 2 or high <= low:
         return None
     ops = ((columns.kernels, columns.kernel_device), (columns.memcpy, columns.memcpy_device),
@@ -265,7 +266,7 @@ def utilization_by_device(columns: TraceColumns, low: float,
         mine = concat(*(Spans(spans.start[device == index], spans.end[device == index])
                         for spans, device in ops))
         by_device[str(pid)] = 100.0 * union_in(mine, low, high) / (high - low)
-    return by_device
+    return by_device if sum(pct > 0 for pct in by_device.values()) >= 2 else None
 
 
 def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int,

@@ -53,9 +53,13 @@ def test_two_gpus_in_one_trace_give_each_one_s_utilization_and_say_the_rest_is_t
     assert "warning      GPU work on 2 devices in one trace" in capsys.readouterr().out
 
 
-def test_one_gpu_s_trace_has_no_utilization_by_device(tmp_path):
+def test_one_gpu_at_work_in_the_window_gives_no_utilization_by_device(tmp_path):
+    """GPU 0's half alone in the steps; GPU 1 ran one kernel before them (a warm-up, say): in the
+    window the union is GPU 0's own, and there is nothing to split or warn of."""
     t = split_model_trace()
-    t.events = [event for event in t.events if event["pid"] != 1]  # GPU 0's half alone
+    t.events = [event for event in t.events if event["pid"] != 1]
+    t.gpu_pid = 1
+    t.launch(-500, 5, -490, 100)
     result = analyze.analyze_trace(t.write(tmp_path / "t.json"))
     assert result["gpu"]["utilization_pct"] == pytest.approx(40.0)
     assert result["gpu"]["utilization_pct_by_device"] is None and result["warnings"] == []
