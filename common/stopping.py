@@ -18,6 +18,12 @@ from collections.abc import Iterator
 # After SIGTERM, what a started process gets to exit before SIGKILL: a demo script dies at once,
 # torchrun takes a few seconds to stop its ranks.
 STOP_GRACE_S = 10
+# What stop() sends, in turn, waiting up to STOP_GRACE_S after each for the process to end.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
+# After Ctrl-C, which a terminal sends to the whole process group, so a started process has it
+# too: a wait first (None sends nothing), so that no SIGTERM cuts into the `finally` blocks it
+# runs as it unwinds, as a profiled step's that removes its staging folder.
+AFTER_CTRL_C = (None, *STOP_SIGNALS)
 
 
 class Terminated(BaseException):
@@ -52,13 +58,16 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def stop(process: subprocess.Popen, group: bool = False) -> None:
+def stop(process: subprocess.Popen, group: bool = False,
+         signals: tuple[signal.Signals | None, ...] = STOP_SIGNALS) -> None:
     """SIGTERM to `process` (to its process group, with `group`: a job in a session of its own),
-    then, after STOP_GRACE_S, SIGKILL to whatever of it is left. Reads its pipes while it waits,
-    so that no full pipe blocks it."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    then, after STOP_GRACE_S, SIGKILL to whatever of it is left; or `signals` in turn
+    (AFTER_CTRL_C waits first). Reads its pipes while it waits, so that no full pipe blocks it."""
+    for sig in signals:
         try:
-            if group:
+            if sig is None:
+                pass
+            elif group:
                 os.killpg(process.pid, sig)  # a member may outlive the group's leader
             else:
                 process.send_signal(sig)  # nothing, once it has ended and been waited for

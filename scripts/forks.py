@@ -12,7 +12,8 @@ hung script). Each fork runs its script as
 __main__ and ends as the interpreter would (threads joined, exit handlers run, the exit code of
 sys.exit or 1 after an error's traceback); "<id> <exit code>" is written to REPLIES_FD when it
 has ended. At the end of stdin, this process waits for its forks and exits. On SIGTERM it stops
-its forks (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S) and ends as SIGTERM ends it.
+its forks (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S) and ends as SIGTERM ends it; on
+Ctrl-C, which its forks have too, it gives them that time to end on it before it stops them.
 """
 from __future__ import annotations
 
@@ -141,16 +142,21 @@ def serve(replies_fd: int, running: dict[int, int]) -> None:
         reap(running, replies_fd, block=True)
 
 
-def stop_forks(running: dict[int, int], replies_fd: int) -> None:
-    """SIGTERM to every running fork, then, after STOP_GRACE_S, SIGKILL to those left; each
-    reaped and replied for."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in running:
+def stop_forks(running: dict[int, int], replies_fd: int,
+               signals: tuple[signal.Signals | None, ...] = stopping.STOP_SIGNALS) -> None:
+    """SIGTERM to every running fork, then, after STOP_GRACE_S, SIGKILL to those left; or
+    `signals` in turn (stopping.AFTER_CTRL_C waits first); each reaped and replied for. A SIGTERM
+    meanwhile (run_demos.py's, after its own Ctrl-C) asks for this very stop: it is held back
+    until the end, so that it cannot cut the stop short and leave a fork without its parent."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    for sig in signals:
+        for pid in running if sig is not None else ():
             os.kill(pid, sig)
         deadline = time.monotonic() + stopping.STOP_GRACE_S
         while running and time.monotonic() < deadline:
             reap(running, replies_fd, block=False)
             time.sleep(POLL_S)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held back acts now
 
 
 def reap(running: dict[int, int], replies_fd: int, block: bool) -> None:
@@ -176,5 +182,8 @@ if __name__ == "__main__":
             except stopping.Terminated:
                 stop_forks(forks, int(sys.argv[1]))
                 raise
-    except KeyboardInterrupt:  # Ctrl-C stops the forks too (one process group): no traceback
+            except KeyboardInterrupt:  # the forks have it too (one process group): wait for them
+                stop_forks(forks, int(sys.argv[1]), stopping.AFTER_CTRL_C)
+                raise
+    except KeyboardInterrupt:  # no traceback
         sys.exit(130)

@@ -22,6 +22,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -176,9 +177,10 @@ class Forks:
         self.process.wait()
         os.close(self.replies_fd)
 
-    def stop(self) -> None:
-        """Stop it and its forks (forks.py ends them on SIGTERM); close() then returns at once."""
-        stopping.stop(self.process)
+    def stop(self, signals: tuple[signal.Signals | None, ...] = stopping.STOP_SIGNALS) -> None:
+        """Stop it and its forks (forks.py ends them on SIGTERM, and waits for them after
+        Ctrl-C); close() then returns at once."""
+        stopping.stop(self.process, signals=signals)
 
 
 def start_forks(env: dict[str, str] | None = None) -> Forks:
@@ -207,14 +209,15 @@ def start_script(command: list[str], forks: Forks | None, log: Path | None,
     return processes[-1].poll
 
 
-def stop_scripts(processes: list[subprocess.Popen], forks: Forks | None) -> None:
-    """Stop every script still running (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S):
-    a run that ends early (SIGTERM, Ctrl-C, an error) leaves none behind."""
+def stop_scripts(processes: list[subprocess.Popen], forks: Forks | None,
+                 signals: tuple[signal.Signals | None, ...] = stopping.STOP_SIGNALS) -> None:
+    """Stop every script still running (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S;
+    or `signals`): a run that ends early (SIGTERM, Ctrl-C, an error) leaves none behind."""
     running = [process for process in processes if process.poll() is None]
     if forks is not None and forks.process.poll() is None:
-        forks.stop()
+        forks.stop(signals)
     for process in running:
-        stopping.stop(process)
+        stopping.stop(process, signals=signals)
 
 
 def succeeded(demo: str, variant: str, returncode: int, started: datetime,
@@ -298,8 +301,10 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
             log = logs / f"{printing}.log"  # none if the script failed before it started
             print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
             yield ended[printing], demo, variant
-    except BaseException:  # SIGTERM (stopping.Terminated), Ctrl-C, an error, the caller's close
-        stop_scripts(processes, forks)
+    except BaseException as stopped:  # SIGTERM (stopping.Terminated), Ctrl-C, an error, a close
+        # Ctrl-C reached the scripts too: they get the time to end on it before a SIGTERM.
+        stop_scripts(processes, forks, stopping.AFTER_CTRL_C
+                     if isinstance(stopped, KeyboardInterrupt) else stopping.STOP_SIGNALS)
         raise
     finally:
         if forks is not None:
@@ -353,5 +358,8 @@ if __name__ == "__main__":
         with stopping.sigterm_raises():  # SIGTERM stops the scripts running, as Ctrl-C does
             sys.exit(main())
     except KeyboardInterrupt:
-        print("\nrun_demos.sh: stopped (Ctrl-C); no script is left running", file=sys.stderr)
-        sys.exit(130)
+        print("\nrun_demos.sh: stopped (Ctrl-C); no script is left running", file=sys.stderr,
+              flush=True)
+        # Ended by SIGINT, as Python ends without this block: a shell loop around it stops too.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGINT)

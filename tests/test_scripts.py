@@ -259,11 +259,17 @@ def test_a_fork_keeps_its_stderr_apart_and_is_ended_past_its_timeout(tmp_path):
 # --- SIGTERM: a run stopped from outside leaves nothing running ---------------------------------
 # A hanging fake script: it writes its pid to started/<its name> and sleeps far longer than the
 # test waits, so that only a stop can end it.
-HANGING_SCRIPT = """import os, time
+HANGING_SCRIPT = """import os, sys, time
 from pathlib import Path
 Path({started!r}, Path(__file__).stem).write_text(str(os.getpid()))
-time.sleep(600)
+try:
+    time.sleep(600)
+except KeyboardInterrupt:  # a demo that takes a moment to unwind on Ctrl-C, then ends quietly
+    time.sleep({unwind_s})
+    Path({started!r}, Path(__file__).stem + ".unwound").touch()
+    sys.exit(130)
 """
+UNWIND_S = 0.5  # a SIGTERM at once would cut this short; stopping.STOP_GRACE_S is 20x that
 SCRIPTS_START_TIMEOUT_S = 120  # forks.py imports torch first: seconds here, more on a loaded box
 # run_demos.py stops what it started within stopping.STOP_GRACE_S (SIGKILL after it); this is
 # far above, and only stops a test whose run would not end.
@@ -316,15 +322,18 @@ def test_sigterm_in_the_block_unwinds_it_then_reaches_the_handler_before_it():
     assert seen == ["finally", "outer handler", "after the block"]
 
 
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
 @pytest.mark.parametrize("args, scripts", [
     (["--smoke", "--device", "cpu", "--jobs", "2"], ["bad", "fixed"]),  # in forks of forks.py
     (["--device", "cpu"], ["bad"]),  # a timed run: a process of its own
 ], ids=["forks", "processes"])
-def test_sigterm_to_run_demos_stops_the_scripts_still_running_and_leaves_nothing(
-        tmp_path, args, scripts):
-    """A SIGTERM to run_demos.py alone (a `kill`, a CI job's cancel; not its process group, as
-    Ctrl-C reaches) stops the scripts it started, which would run on as orphans, holding a GPU's
-    memory; its --jobs logs go too. It ends as SIGTERM ends a process, without a traceback."""
+def test_sigterm_or_ctrl_c_to_run_demos_stops_the_scripts_still_running_and_leaves_nothing(
+        tmp_path, args, scripts, stop):
+    """A SIGTERM to run_demos.py alone (a `kill`, a CI job's cancel) stops the scripts it started,
+    which would run on as orphans, holding a GPU's memory; its --jobs logs go too. Ctrl-C reaches
+    the whole process group, as a terminal sends it. Either way it ends as that signal ends a
+    process (so a shell loop around it stops too), without a traceback of its own; after Ctrl-C
+    it says so in one line, and each script had the time to unwind on the Ctrl-C it got."""
     root, started, tmp = tmp_path / "root", tmp_path / "started", tmp_path / "tmp"
     for folder in (root / "scripts", root / "demos" / "hangs", started, tmp):
         folder.mkdir(parents=True)
@@ -332,7 +341,7 @@ def test_sigterm_to_run_demos_stops_the_scripts_still_running_and_leaves_nothing
         shutil.copy(ROOT / "scripts" / name, root / "scripts" / name)
     for variant in ("bad", "fixed"):
         (root / "demos" / "hangs" / f"{variant}.py").write_text(
-            HANGING_SCRIPT.format(started=str(started)))
+            HANGING_SCRIPT.format(started=str(started), unwind_s=UNWIND_S))
     # Output to a file: a pipe would stay open while a script left running holds it.
     with open(tmp_path / "output", "w") as output:
         run = subprocess.Popen(
@@ -343,7 +352,10 @@ def test_sigterm_to_run_demos_stops_the_scripts_still_running_and_leaves_nothing
         wait_for_files([started / name for name in scripts], run, SCRIPTS_START_TIMEOUT_S)
         script_pids = [int((started / name).read_text()) for name in scripts]
         assert set(script_pids) <= set(session_processes(run.pid))
-        run.send_signal(signal.SIGTERM)
+        if stop == "sigterm":
+            run.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(run.pid, signal.SIGINT)
         run.wait(timeout=STOPPED_TIMEOUT_S)
         left = session_processes(run.pid)  # the scripts, forks.py: each stopped and waited for
     finally:
@@ -351,8 +363,15 @@ def test_sigterm_to_run_demos_stops_the_scripts_still_running_and_leaves_nothing
             os.killpg(run.pid, signal.SIGKILL)  # whatever is left: a failure leaves nothing
         run.wait()
     printed = (tmp_path / "output").read_text()
-    assert run.returncode == -signal.SIGTERM, printed
+    expected = signal.SIGTERM if stop == "sigterm" else signal.SIGINT
+    assert run.returncode == -expected, printed
+    # The fake scripts end quietly on Ctrl-C; a traceback here is one of run_demos.py or forks.py.
     assert "Traceback" not in printed
+    stopped_lines = [line for line in printed.splitlines() if "stopped (Ctrl-C)" in line]
+    assert len(stopped_lines) == (0 if stop == "sigterm" else 1), printed
+    if stop == "ctrl-c":  # each script had the time to end on its own Ctrl-C
+        assert sorted(started.glob("*.unwound")) == [started / f"{name}.unwound"
+                                                      for name in scripts]
     assert left == []
     assert list(tmp.glob("run_demos_*")) == []
 
