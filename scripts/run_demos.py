@@ -180,6 +180,11 @@ class Forks:
     def stop(self, signals: tuple[signal.Signals | None, ...] = stopping.STOP_SIGNALS) -> None:
         """Stop it and its forks (forks.py ends them on SIGTERM, and waits for them after
         Ctrl-C); close() then returns at once."""
+        if signals == stopping.AFTER_CTRL_C:
+            # forks.py has the Ctrl-C too and stops its forks itself, in these same steps; a
+            # SIGTERM would be held back meanwhile, and a SIGKILL in the middle would leave its
+            # forks without it. So: a wait one step longer than its stop, then SIGKILL.
+            signals = (None,) * len(stopping.AFTER_CTRL_C) + (signal.SIGKILL,)
         stopping.stop(self.process, signals=signals)
 
 
