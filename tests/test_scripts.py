@@ -347,7 +347,10 @@ def test_sigterm_or_ctrl_c_to_run_demos_stops_the_scripts_still_running_and_leav
         run = subprocess.Popen(
             [sys.executable, str(root / "scripts" / "run_demos.py"), *args, "--out",
              str(tmp_path / "out")], env=dict(demo_env(), TMPDIR=str(tmp)), stdout=output,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            stderr=subprocess.STDOUT, start_new_session=True,
+            # A job started in the background of a shell (as CI may run this) inherits SIGINT
+            # ignored, and Python then never raises KeyboardInterrupt: Ctrl-C as a terminal has it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for_files([started / name for name in scripts], run, SCRIPTS_START_TIMEOUT_S)
         script_pids = [int((started / name).read_text()) for name in scripts]
