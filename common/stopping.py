@@ -65,11 +65,9 @@ def stop(process: subprocess.Popen, group: bool = False,
     (AFTER_CTRL_C waits first). Reads its pipes while it waits, so that no full pipe blocks it."""
     for sig in signals:
         try:
-            if sig is None:
-                pass
-            elif group:
+            if sig is not None and group:
                 os.killpg(process.pid, sig)  # a member may outlive the group's leader
-            else:
+            elif sig is not None:
                 process.send_signal(sig)  # nothing, once it has ended and been waited for
         except ProcessLookupError:  # it has ended, the whole group with it
             break

@@ -150,8 +150,9 @@ def stop_forks(running: dict[int, int], replies_fd: int,
     until the end, so that it cannot cut the stop short and leave a fork without its parent."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     for sig in signals:
-        for pid in running if sig is not None else ():
-            os.kill(pid, sig)
+        if sig is not None:  # None: a wait only
+            for pid in running:
+                os.kill(pid, sig)
         deadline = time.monotonic() + stopping.STOP_GRACE_S
         while running and time.monotonic() < deadline:
             reap(running, replies_fd, block=False)

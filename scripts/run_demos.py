@@ -177,15 +177,14 @@ class Forks:
         self.process.wait()
         os.close(self.replies_fd)
 
-    def stop(self, signals: tuple[signal.Signals | None, ...] = stopping.STOP_SIGNALS) -> None:
-        """Stop it and its forks (forks.py ends them on SIGTERM, and waits for them after
-        Ctrl-C); close() then returns at once."""
-        if signals == stopping.AFTER_CTRL_C:
-            # forks.py has the Ctrl-C too and stops its forks itself, in these same steps; a
-            # SIGTERM would be held back meanwhile, and a SIGKILL in the middle would leave its
-            # forks without it. So: a wait one step longer than its stop, then SIGKILL.
-            signals = (None,) * len(stopping.AFTER_CTRL_C) + (signal.SIGKILL,)
-        stopping.stop(self.process, signals=signals)
+    def stop(self, after_ctrl_c: bool = False) -> None:
+        """Stop it and its forks (forks.py ends them on SIGTERM); close() then returns at once.
+        After Ctrl-C, which forks.py has too, it stops its forks itself in the steps of
+        stopping.AFTER_CTRL_C, holding a SIGTERM back meanwhile; a SIGKILL in the middle would
+        leave its forks without it. So: a wait one step longer than its stop, then SIGKILL."""
+        outlast_its_stop = (None,) * len(stopping.AFTER_CTRL_C) + (signal.SIGKILL,)
+        stopping.stop(self.process,
+                      signals=outlast_its_stop if after_ctrl_c else stopping.STOP_SIGNALS)
 
 
 def start_forks(env: dict[str, str] | None = None) -> Forks:
@@ -215,14 +214,16 @@ def start_script(command: list[str], forks: Forks | None, log: Path | None,
 
 
 def stop_scripts(processes: list[subprocess.Popen], forks: Forks | None,
-                 signals: tuple[signal.Signals | None, ...] = stopping.STOP_SIGNALS) -> None:
-    """Stop every script still running (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S;
-    or `signals`): a run that ends early (SIGTERM, Ctrl-C, an error) leaves none behind."""
+                 after_ctrl_c: bool = False) -> None:
+    """Stop every script still running (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S):
+    a run that ends early (SIGTERM, Ctrl-C, an error) leaves none behind. After Ctrl-C, which
+    reached the scripts too, they get that time to end on it first (stopping.AFTER_CTRL_C)."""
     running = [process for process in processes if process.poll() is None]
     if forks is not None and forks.process.poll() is None:
-        forks.stop(signals)
+        forks.stop(after_ctrl_c)
     for process in running:
-        stopping.stop(process, signals=signals)
+        stopping.stop(process, signals=stopping.AFTER_CTRL_C if after_ctrl_c
+                      else stopping.STOP_SIGNALS)
 
 
 def succeeded(demo: str, variant: str, returncode: int, started: datetime,
@@ -307,9 +308,7 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
             print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
             yield ended[printing], demo, variant
     except BaseException as stopped:  # SIGTERM (stopping.Terminated), Ctrl-C, an error, a close
-        # Ctrl-C reached the scripts too: they get the time to end on it before a SIGTERM.
-        stop_scripts(processes, forks, stopping.AFTER_CTRL_C
-                     if isinstance(stopped, KeyboardInterrupt) else stopping.STOP_SIGNALS)
+        stop_scripts(processes, forks, after_ctrl_c=isinstance(stopped, KeyboardInterrupt))
         raise
     finally:
         if forks is not None:
