@@ -64,13 +64,14 @@ def stop(process: subprocess.Popen, group: bool = False,
     then, after STOP_GRACE_S, SIGKILL to whatever of it is left; or `signals` in turn
     (AFTER_CTRL_C waits first). Reads its pipes while it waits, so that no full pipe blocks it."""
     for sig in signals:
-        try:
-            if sig is not None and group:
-                os.killpg(process.pid, sig)  # a member may outlive the group's leader
-            elif sig is not None:
-                process.send_signal(sig)  # nothing, once it has ended and been waited for
-        except ProcessLookupError:  # it has ended, the whole group with it
-            break
+        if sig is not None:  # None: a wait only
+            try:
+                if group:
+                    os.killpg(process.pid, sig)  # a member may outlive the group's leader
+                else:
+                    process.send_signal(sig)  # nothing, once it has ended and been waited for
+            except ProcessLookupError:  # it has ended, the whole group with it
+                break
         try:
             process.communicate(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
