@@ -174,6 +174,20 @@ def test_layer_ops_still_count_as_cpu_exec(tmp_path):
     assert [f["id"] for f in result["findings"]] == ["python_between_ops"]
 
 
+def test_a_linear_layer_s_batch_reads_as_its_rows_and_says_so(tmp_path):
+    """A transformer's linear layers see 16 sequences of 64 tokens as 1024 rows (what its GEMMs
+    fill, so what the small-batch rule reads); the line that prints it says they are rows."""
+    built = KinetoTrace()
+    built.step(1, 1_000_000, 1000)
+    built.span("op", "aten::linear", 1_000_100, 400,
+               **{"Input Dims": [[16, 64, 256], [1024, 256], [1024]]})
+    result = analysed(tmp_path, built)
+    assert result["input_batch"] == 16 * 64
+    assert ("batch        1024 (median of the forward conv/linear inputs from record_shapes: a "
+            "convolution's samples, a linear layer's rows, samples x positions)"
+            in analyze.format_human(result).splitlines())
+
+
 @pytest.mark.parametrize("name, batch, says, findings", [
     # one aten::linear in the steps, Input Dims [[5, 128], [128, 128], [128]]; GPU 1 % busy. Its
     # two input copies are blocking hipMemcpyWithStream calls (syncs inside aten::copy_): the GPU
