@@ -201,14 +201,20 @@ def analyze(path: Path) -> Analysis:
     naming both. Raises trace.TraceError for unreadable input."""
     newest = trace.newest_trace(path)
     analysis = analyze_file(newest)
-    if not analysis.result["recorded_nothing"] or not Path(path).is_dir():
+    if not Path(path).is_dir():
         return analysis
-    for older in reversed(trace.trace_files(path)[:-1]):
+    # A folder may hold several traces of one run: a schedule's repeat cycles, reruns into it.
+    files = trace.trace_files(path)
+    analysis.result["traces_in_folder"] = len(files)
+    if not analysis.result["recorded_nothing"]:
+        return analysis
+    for older in reversed(files[:-1]):
         try:
             candidate = analyze_file(older)
         except trace.TraceError:
             continue  # a broken older trace (a killed run's) is no candidate
         if not candidate.result["recorded_nothing"]:
+            candidate.result["traces_in_folder"] = len(files)
             candidate.result["warnings"].insert(0, (
                 f"read {older.name}, not the folder's newest trace, {newest.name}, whose steps "
                 f"hold nothing a rule reads: {CUT_CYCLE_TRACE}"))
@@ -477,7 +483,10 @@ LOADER_WORDS = {True: " (batches from worker processes)",
 
 def format_human(result: dict) -> str:
     step = result["step_ms"]
-    lines = [f"trace        {result['trace']}",
+    in_folder = result.get("traces_in_folder", 1)  # read from a folder: how many it holds
+    lines = [f"trace        {result['trace']}"
+             + (f" (its folder holds {in_folder} traces: pass a file to read another)"
+                if in_folder > 1 else ""),
              f"device       {result['device']}"
              + (f" ({result['gpu_name']})" if result["gpu_name"] else "")
              + ("" if result["gpu"] else " - the GPU's activity was not recorded (below)"

@@ -179,6 +179,13 @@ def test_a_run_directory_means_its_newest_trace(tmp_path):
     os.utime(old, (1, 1))
     result = analyze.analyze_trace(tmp_path)
     assert result["trace"] == str(new) and result["steps"] == 4
+    # A schedule's repeat cycles, or a rerun into the folder: the first line says there are more.
+    assert result["traces_in_folder"] == 2
+    assert analyze.format_human(result).splitlines()[0] == (
+        f"trace        {new} (its folder holds 2 traces: pass a file to read another)")
+    alone = analyze.analyze_trace(new)
+    assert "traces_in_folder" not in alone
+    assert analyze.format_human(alone).splitlines()[0] == f"trace        {new}"
 
 
 def test_no_steps_means_the_whole_trace_is_one_step(tmp_path):

@@ -390,7 +390,7 @@ def test_a_loop_that_ends_mid_schedule_is_read_from_its_full_trace(tmp_path, cap
     assert alone["recorded_nothing"] and alone["findings"] == []
     result = analyze.analyze_trace(tmp_path)
     assert result["trace"] == str(full) and result["steps"] == 3
-    assert not result["recorded_nothing"]
+    assert not result["recorded_nothing"] and result["traces_in_folder"] == 2
     assert full.name in result["warnings"][0] and cut.name in result["warnings"][0]
     assert analyze.main([str(tmp_path)]) == 0
     assert f"read {full.name}, not the folder's newest trace" in capsys.readouterr().out
