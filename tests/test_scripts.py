@@ -322,6 +322,71 @@ def test_sigterm_in_the_block_unwinds_it_then_reaches_the_handler_before_it():
     assert seen == ["finally", "outer handler", "after the block"]
 
 
+STAGE_GRACE_S = 0.3  # stopping.STOP_GRACE_S in the two tests below: each stage waits this long
+# A process that ignores both signals sent before SIGKILL (SIGINT too: the wait after Ctrl-C is
+# for it); it says so on standard output once they are ignored.
+DEAF_TO_STOPS = """import signal, time
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+# The same as a fork of forks.py, stopped by forks.stop_forks, in a process of its own (stop_forks
+# reaps with waitpid(-1), which in the tests' process would reap their other children too).
+STOP_A_DEAF_FORK = """import os, signal, sys, time
+sys.path[:0] = [{root!r}, {scripts!r}]
+import forks
+from common import stopping
+stopping.STOP_GRACE_S = {grace_s}
+replies, reply_end = os.pipe()
+ready, ready_end = os.pipe()
+pid = os.fork()
+if pid == 0:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    os.write(ready_end, b"x")
+    time.sleep(60)
+    os._exit(0)
+os.read(ready, 1)  # its signals are ignored from here
+running = {{pid: 7}}
+began = time.monotonic()
+forks.stop_forks(running, reply_end, stopping.AFTER_CTRL_C)
+print(os.read(replies, 64).decode().strip(), len(running), time.monotonic() - began)
+"""
+
+
+def test_stop_sends_sigkill_last_to_what_ignores_sigterm_and_ctrl_c(monkeypatch):
+    """stopping.stop after Ctrl-C (AFTER_CTRL_C): a wait, SIGTERM, then SIGKILL; a process that
+    ignores the first two has each stage's grace in full, then is killed."""
+    from common import stopping
+    monkeypatch.setattr(stopping, "STOP_GRACE_S", STAGE_GRACE_S)
+    deaf = subprocess.Popen([sys.executable, "-c", DEAF_TO_STOPS], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert deaf.stdout.readline() == "ready\n"  # its signals are ignored from here
+        began = time.monotonic()
+        stopping.stop(deaf, signals=stopping.AFTER_CTRL_C)
+        took_s, exit_code = time.monotonic() - began, deaf.poll()
+    finally:
+        deaf.kill()  # nothing, once it has ended
+        deaf.wait()
+    assert exit_code == -signal.SIGKILL
+    assert took_s >= 2 * STAGE_GRACE_S  # the wait and SIGTERM's stage, each waited out
+
+
+def test_stop_forks_sends_sigkill_last_to_a_fork_that_ignores_sigterm_and_ctrl_c():
+    """forks.stop_forks after Ctrl-C: a fork that ignores SIGTERM and SIGINT is killed after both
+    stages, reaped and replied for with SIGKILL's exit code."""
+    script = STOP_A_DEAF_FORK.format(root=str(ROOT), scripts=str(ROOT / "scripts"),
+                                     grace_s=STAGE_GRACE_S)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=STOPPED_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    request_id, exit_code, left, took_s = done.stdout.split()
+    assert (request_id, int(exit_code), int(left)) == ("7", -signal.SIGKILL, 0)
+    assert float(took_s) >= 2 * STAGE_GRACE_S  # the wait and SIGTERM's stage, each waited out
+
+
 @pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
 @pytest.mark.parametrize("args, scripts", [
     (["--smoke", "--device", "cpu", "--jobs", "2"], ["bad", "fixed"]),  # in forks of forks.py
