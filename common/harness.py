@@ -48,7 +48,7 @@ from common.devices import (
 from common.devices import bf16_where_fast as bf16_where_fast
 from common.devices import full_fp32_matmuls as full_fp32_matmuls
 from common.devices import require_compile_toolchain as require_compile_toolchain
-from common.profiling import CPROFILE_ROWS, measure, stop_on_out_of_memory
+from common.profiling import CPROFILE_ROWS, measure, stop_on_ctrl_c, stop_on_out_of_memory
 from common.profiling import profile_loop as profile_loop
 from common.runs import (
     CPROFILE_FILE,
@@ -210,6 +210,7 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
               memory_budget_mb=budget_mb,
               recorded_steps_given=flags.recorded_steps is not None)
     stop_on_out_of_memory(run)
+    stop_on_ctrl_c(run)
     return run
 
 

@@ -318,6 +318,26 @@ def stop_on_out_of_memory(run: Run) -> None:
     sys.excepthook = hook
 
 
+def steps_words(count: int) -> str:
+    """"1 step", "40 steps": the progress lines' counts."""
+    return f"{count} step" + ("" if count == 1 else "s")
+
+
+def stop_on_ctrl_c(run: Run) -> None:
+    """Ctrl-C ends a run with one line, not the traceback of wherever its step was (30 lines into
+    autograd, in a backward pass). After the hook Python still ends the process as SIGINT ends it
+    (exit status 130 in a shell), so that a shell loop around it stops too."""
+    chained = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if not issubclass(kind, KeyboardInterrupt):
+            chained(kind, value, traceback)
+        elif run.rank == 0:  # every rank has it: one line for the job
+            print(f"[{run.demo}/{run.variant}] stopped (Ctrl-C)", file=sys.stderr, flush=True)
+
+    sys.excepthook = hook
+
+
 def window_wait_shares_pct(step_ms: np.ndarray, wait_ms: np.ndarray, window: int) -> np.ndarray:
     """The data wait share of each run of `window` consecutive steps: their waits over their
     time (the steps' own clock: CUDA events on a GPU), in %; NaN for a run of no time; empty
@@ -388,7 +408,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
             run.config.setdefault(setting, allowed)
     if run.distributed:
         log(run, f"{run.world_size} ranks: {run.distributed['mode']}")
-    log(run, f"warm-up: {run.preset.warmup_steps} steps")
+    log(run, f"warm-up: {steps_words(run.preset.warmup_steps)}")
     warmup_started = time.perf_counter()
     step()  # the first step pays the one-time costs: torch.compile, cuDNN autotuning, allocations
     device_sync(run)
@@ -401,7 +421,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
         compiled_in_warmup = dynamo_frames_compiled()
     if run.is_cuda:
         torch.cuda.reset_peak_memory_stats(run.device)
-    log(run, f"timed: {run.steps} steps without the profiler")
+    log(run, f"timed: {steps_words(run.steps)} without the profiler")
     waits_before = None if run.data_waits_s is None else len(run.data_waits_s)
     tokens_before = (run.real_tokens, run.padded_tokens)
     requests_before = run.requests.mark() if run.requests else None
@@ -425,7 +445,7 @@ def measure_steps(run: Run, step: Callable[[], None]) -> dict:
     inference = (inference_numbers(run.requests, requests_before, wall_s)
                  if run.requests else {"unit": "sample"})
     record_a_loader_round(run, step_ms, wait_ms, data_wait_pct)
-    log(run, f"profiling: {run.profiled_steps} steps ({run.recorded_steps} recorded)")
+    log(run, f"profiling: {steps_words(run.profiled_steps)} ({run.recorded_steps} recorded)")
     trace_path, profiled_ms, memory_by_step = profiled_steps(run, step)
     if run.config.get("torch_compile"):  # a recompile in the measured steps would be timed
         run.extra["dynamo_frames_compiled"] = {

@@ -8,10 +8,10 @@ what `python <script>` would hold after its imports, exit handlers included. Eac
 asks for one script, as JSON: {"id": 3, "command": ["demos/x/bad.py", "--smoke", ...],
 "cwd": "/repo", "log": "/tmp/3.log" or null (the console)}, and may add "stderr": a file for its
 standard error apart from the log, and "timeout_s": seconds after which SIGALRM ends the fork (a
-hung script). Each fork runs its script as
-__main__ and ends as the interpreter would (threads joined, exit handlers run, the exit code of
-sys.exit or 1 after an error's traceback); "<id> <exit code>" is written to REPLIES_FD when it
-has ended. At the end of stdin, this process waits for its forks and exits. On SIGTERM it stops
+hung script). Each fork runs its script as __main__ and ends as the interpreter would
+(threads joined, exit handlers run, the exit code of sys.exit, 1 after an error's traceback, as
+SIGINT ends a process after Ctrl-C); "<id> <exit code>" is written to REPLIES_FD when it has
+ended. At the end of stdin, this process waits for its forks and exits. On SIGTERM it stops
 its forks (SIGTERM, then SIGKILL after stopping.STOP_GRACE_S) and ends as SIGTERM ends it; on
 Ctrl-C, which its forks have too, it gives them that time to end on it before it stops them.
 """
@@ -60,7 +60,8 @@ def write_to(path: str, *fds: int) -> None:
 def run_script(command: list[str], cwd: str, log: str | None, stderr: str | None = None,
                timeout_s: float | None = None) -> int:
     """In the fork: run `python <command>` here, from `cwd`, its output to `log` (or the
-    console) and its standard error there too, or to `stderr`; its exit code. Past `timeout_s`,
+    console) and its standard error there too, or to `stderr`; its exit code (minus the signal's
+number for one that is to end it, as waitstatus_to_exitcode gives it). Past `timeout_s`,
     SIGALRM ends it (its default action: the script installs no handler of its own)."""
     nothing = os.open(os.devnull, os.O_RDONLY)  # not this process's stdin: the requests
     os.dup2(nothing, 0)
@@ -83,8 +84,10 @@ def run_script(command: list[str], cwd: str, log: str | None, stderr: str | None
         code = 0
     except SystemExit as stop:
         code = exit_code(stop.code)
-    except BaseException:  # noqa: BLE001 - as the interpreter does with an error that ends it
-        traceback.print_exc()
+    except BaseException as error:  # noqa: BLE001 - as the interpreter ends on an error:
+        sys.excepthook(type(error), error, error.__traceback__)  # the script's hook, if it set one
+        if isinstance(error, KeyboardInterrupt):  # then as SIGINT ends a process
+            code = -signal.SIGINT
     threading._shutdown()  # joins non-daemon threads, as at exit (multiprocessing does too)
     atexit._run_exitfuncs()
     return code
@@ -111,6 +114,9 @@ def fork(request: dict, replies_fd: int) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        if code < 0:  # ended by a signal: its default action
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
         os._exit(code)
 
 

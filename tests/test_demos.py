@@ -4,13 +4,16 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from common import trace
 from tests.conftest import (DEMO_RUN_TIMEOUT_S, ROOT, assert_timing_is_consistent, demo_env,
-                            demo_forks, read_summary, run_demo)
+                            demo_forks, read_summary, run_demo, run_python)
 
 REQUIRED_SUMMARY_FIELDS = {
     "demo", "variant", "device", "device_name", "torch_version", "batch_size", "steps",
@@ -88,6 +91,31 @@ def test_bad_flags_are_one_clear_error_with_exit_code_2():
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
         assert "error:" in result.stderr.splitlines()[-1]
+
+
+# A demo's set-up, then what a step might raise: Ctrl-C (KeyboardInterrupt) or an error.
+STOPPED_IN_A_STEP = """from common import harness
+harness.setup(demo="dataloader_workers", variant="bad")
+raise {raised}
+"""
+
+
+@pytest.mark.parametrize("in_a_fork", [False, True], ids=["python", "fork"])
+def test_ctrl_c_in_a_run_is_one_line_and_ends_it_as_sigint_does(tmp_path, in_a_fork):
+    """Ctrl-C in a demo's step: one line, not the traceback of where the step was, and the end
+    SIGINT gives a process (a shell loop around it stops too). An error still prints its
+    traceback and exits 1. The same from `python <script>` and from a fork of forks.py."""
+    for raised, code in (("KeyboardInterrupt", -signal.SIGINT), ("ValueError('no batch')", 1)):
+        script = tmp_path / "stopped.py"
+        script.write_text(STOPPED_IN_A_STEP.format(raised=raised))
+        done = run_python([str(script), "--device", "cpu"], in_a_fork)
+        assert done.returncode == code, done.stderr
+        last_line = done.stderr.strip().splitlines()[-1]
+        if code == 1:
+            assert "Traceback" in done.stderr and last_line == "ValueError: no batch"
+        else:
+            assert "Traceback" not in done.stderr
+            assert last_line == "[dataloader_workers/bad] stopped (Ctrl-C)"
 
 
 def test_a_demo_run_on_the_cpu_forks_and_answers_as_a_fresh_python_does():

@@ -432,3 +432,7 @@ def test_every_cpu_no_amx_preset_has_its_measured_emulated_step():
     with_preset = {demo for demo, by_name in presets.PRESETS.items()
                    if presets.CPU_WITHOUT_BF16_UNITS in by_name}
     assert with_preset == set(presets.CPU_EMULATED_BF16_STEP_S)
+
+
+def test_progress_lines_count_one_step_as_one_step():
+    assert [profiling.steps_words(n) for n in (0, 1, 40)] == ["0 steps", "1 step", "40 steps"]
