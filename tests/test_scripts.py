@@ -261,7 +261,9 @@ def test_a_fork_keeps_its_stderr_apart_and_is_ended_past_its_timeout(tmp_path):
 # test waits, so that only a stop can end it.
 HANGING_SCRIPT = """import os, sys, time
 from pathlib import Path
-Path({started!r}, Path(__file__).stem).write_text(str(os.getpid()))
+pid_file = Path({started!r}, Path(__file__).stem)
+Path(f"{{pid_file}}.part").write_text(str(os.getpid()))
+os.replace(f"{{pid_file}}.part", pid_file)  # whole once it is there: the test reads it then
 try:
     time.sleep(600)
 except KeyboardInterrupt:  # a demo that takes a moment to unwind on Ctrl-C, then ends quietly
