@@ -155,6 +155,7 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
     `batch_size`, when given, replaces the preset's (a demo whose lesson is the batch size)."""
     parser = build_parser(demo, variant)
     flags = parser.parse_args(argv)
+    stop_on_ctrl_c(demo, variant)  # from here: torchrun's launcher too
     device = pick_device(flags.device, parser)
     compile_log = (start_compile_log(flags.compile_log, argv is not None)
                    if flags.compile_log else None)
@@ -210,7 +211,6 @@ def setup(demo: str, variant: str, argv: list[str] | None = None, *,
               memory_budget_mb=budget_mb,
               recorded_steps_given=flags.recorded_steps is not None)
     stop_on_out_of_memory(run)
-    stop_on_ctrl_c(run)
     return run
 
 

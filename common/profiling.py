@@ -323,17 +323,18 @@ def steps_words(count: int) -> str:
     return f"{count} step" + ("" if count == 1 else "s")
 
 
-def stop_on_ctrl_c(run: Run) -> None:
+def stop_on_ctrl_c(demo: str, variant: str) -> None:
     """Ctrl-C ends a run with one line, not the traceback of wherever its step was (30 lines into
-    autograd, in a backward pass). After the hook Python still ends the process as SIGINT ends it
-    (exit status 130 in a shell), so that a shell loop around it stops too."""
+    autograd, in a backward pass), or of torchrun's launcher once it has stopped the ranks. After
+    the hook Python still ends the process as SIGINT ends it (exit status 130 in a shell), so
+    that a shell loop around it stops too."""
     chained = sys.excepthook
 
     def hook(kind, value, traceback) -> None:
         if not issubclass(kind, KeyboardInterrupt):
             chained(kind, value, traceback)
-        elif run.rank == 0:  # every rank has it: one line for the job
-            print(f"[{run.demo}/{run.variant}] stopped (Ctrl-C)", file=sys.stderr, flush=True)
+        elif distributed.rank() == 0:  # one line for a job of several ranks
+            print(f"[{demo}/{variant}] stopped (Ctrl-C)", file=sys.stderr, flush=True)
 
     sys.excepthook = hook
 
