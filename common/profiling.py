@@ -333,7 +333,7 @@ def stop_on_ctrl_c(demo: str, variant: str) -> None:
     def hook(kind, value, traceback) -> None:
         if not issubclass(kind, KeyboardInterrupt):
             chained(kind, value, traceback)
-        elif distributed.rank() == 0:  # one line for a job of several ranks
+        elif os.environ.get("RANK", "0") == "0":  # one line for a job's ranks (torchrun's RANK)
             print(f"[{demo}/{variant}] stopped (Ctrl-C)", file=sys.stderr, flush=True)
 
     sys.excepthook = hook

@@ -60,9 +60,10 @@ def write_to(path: str, *fds: int) -> None:
 def run_script(command: list[str], cwd: str, log: str | None, stderr: str | None = None,
                timeout_s: float | None = None) -> int:
     """In the fork: run `python <command>` here, from `cwd`, its output to `log` (or the
-    console) and its standard error there too, or to `stderr`; its exit code (minus the signal's
-number for one that is to end it, as waitstatus_to_exitcode gives it). Past `timeout_s`,
-    SIGALRM ends it (its default action: the script installs no handler of its own)."""
+    console) and its standard error there too, or to `stderr`; its exit code (minus the
+    signal's number for one that is to end it, as waitstatus_to_exitcode gives it). Past
+    `timeout_s`, SIGALRM ends it (its default action: the script installs no handler of its
+    own)."""
     nothing = os.open(os.devnull, os.O_RDONLY)  # not this process's stdin: the requests
     os.dup2(nothing, 0)
     os.close(nothing)
@@ -85,8 +86,16 @@ number for one that is to end it, as waitstatus_to_exitcode gives it). Past `tim
     except SystemExit as stop:
         code = exit_code(stop.code)
     except BaseException as error:  # noqa: BLE001 - as the interpreter ends on an error:
-        sys.excepthook(type(error), error, error.__traceback__)  # the script's hook, if it set one
-        if isinstance(error, KeyboardInterrupt):  # then as SIGINT ends a process
+        try:
+            sys.excepthook(type(error), error, error.__traceback__)  # the script's, if it set one
+        except BaseException as failed:  # noqa: BLE001 - a hook that fails, as Python says it
+            print("Error in sys.excepthook:", file=sys.stderr)
+            # from the hook's frame on, without the error it was handling (printed next)
+            traceback.print_exception(type(failed), failed, failed.__traceback__.tb_next,
+                                      chain=False)
+            print("\nOriginal exception was:", file=sys.stderr)
+            traceback.print_exception(error)
+        if type(error) is KeyboardInterrupt:  # then as SIGINT ends a process (a subclass: exit 1)
             code = -signal.SIGINT
     threading._shutdown()  # joins non-daemon threads, as at exit (multiprocessing does too)
     atexit._run_exitfuncs()
@@ -117,7 +126,7 @@ def fork(request: dict, replies_fd: int) -> int:
         if code < 0:  # ended by a signal: its default action
             signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
-        os._exit(code)
+        os._exit(128 - code if code < 0 else code)  # the shell's status, as Python falls back to
 
 
 def serve(replies_fd: int, running: dict[int, int]) -> None:

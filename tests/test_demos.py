@@ -118,6 +118,31 @@ def test_ctrl_c_in_a_run_is_one_line_and_ends_it_as_sigint_does(tmp_path, in_a_f
             assert last_line == "[dataloader_workers/bad] stopped (Ctrl-C)"
 
 
+# How a script may end, each of which a fork of forks.py ends as `python <script>` does.
+SCRIPT_ENDINGS = {
+    "a subclass of KeyboardInterrupt": "class Stop(KeyboardInterrupt): pass\nraise Stop\n",
+    "an exception hook that fails": (
+        "import atexit, sys\n"
+        "def hook(*exception): raise ValueError('the hook fails')\n"
+        "sys.excepthook = hook\n"
+        "atexit.register(print, 'exit handlers ran')\n"
+        "raise RuntimeError('the script fails')\n"),
+}
+
+
+@pytest.mark.parametrize("ending", SCRIPT_ENDINGS)
+def test_a_fork_ends_a_script_as_python_does(tmp_path, ending):
+    script = tmp_path / "ends.py"
+    script.write_text(SCRIPT_ENDINGS[ending])
+    fresh, forked = (run_python([str(script)], in_a_fork) for in_a_fork in (False, True))
+    assert forked.returncode == fresh.returncode == 1
+    assert forked.stdout == fresh.stdout
+    # What they say, less the traceback's frames: a fork's hold runpy's, which ran the script.
+    said = [[line for line in result.stderr.splitlines() if not line.startswith(" ")]
+            for result in (fresh, forked)]
+    assert said[0] == said[1] and said[0][-1] in ("Stop", "RuntimeError: the script fails")
+
+
 def test_a_demo_run_on_the_cpu_forks_and_answers_as_a_fresh_python_does():
     """run_demo runs a script given --device cpu in a fork of one process that imported torch
     (tests/conftest.py): its exit code, its standard output and its standard error's last line

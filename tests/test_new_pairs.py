@@ -251,28 +251,38 @@ def test_a_stuck_job_is_stopped_whole_at_its_timeout(tmp_path, capsys):
     assert processes_running(str(script)) == []
 
 
-def test_sigterm_to_the_launcher_stops_torchrun_and_every_rank(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_sigterm_or_ctrl_c_to_the_launcher_stops_torchrun_and_every_rank(tmp_path, stop):
     """torchrun and the ranks run in a session of their own (a stop must reach them all), so a
-    SIGTERM to the script that launched them (a `kill`, run_demos.py's stop) would leave them
-    running: the launcher stops the job first, then ends as SIGTERM ends it."""
+    SIGTERM to the script that launched them (a `kill`, run_demos.py's stop), or Ctrl-C, which
+    reaches the launcher's process group only, would leave them running: the launcher stops the
+    job first, then ends as that signal ends a process; after Ctrl-C with the demo's one line
+    (harness.setup installs the hook before it relaunches), not a traceback."""
     script, started = tmp_path / "ranks.py", tmp_path / "started"
     started.mkdir()
     script.write_text("import os, time\n"
                       f"open(os.path.join({str(started)!r}, os.environ['RANK']), 'w').close()\n"
                       f"time.sleep({RANK_SLEEP_S})\n")
+    # the demo's hook (it imports torch: only where it is read)
+    hook = ("from common import profiling; profiling.stop_on_ctrl_c('ddp_no_sync', 'bad'); "
+            if stop == signal.SIGINT else "")
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from common import distributed; "
+        [sys.executable, "-c", f"import sys; {hook}from common import distributed; "
          "sys.exit(distributed.relaunch(sys.argv[1], [], 2))", str(script)],
-        env=demo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env=demo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C as a terminal gives it: not ignored, as a shell's background job inherits it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + TEST_RELAUNCH_TIMEOUT_S
         while len(list(started.iterdir())) < 2:
             assert launcher.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=TEST_RELAUNCH_TIMEOUT_S)
-        assert launcher.returncode == -signal.SIGTERM
+        launcher.send_signal(stop)
+        _, stderr = launcher.communicate(timeout=TEST_RELAUNCH_TIMEOUT_S)
+        assert launcher.returncode == -stop
         assert processes_running(str(script)) == []  # torchrun's command line names it too
+        if stop == signal.SIGINT:
+            assert stderr.splitlines() == ["[ddp_no_sync/bad] stopped (Ctrl-C)"]
     finally:
         launcher.kill()
         launcher.wait()

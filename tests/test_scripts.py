@@ -324,7 +324,9 @@ def test_sigterm_in_the_block_unwinds_it_then_reaches_the_handler_before_it():
     assert seen == ["finally", "outer handler", "after the block"]
 
 
-STAGE_GRACE_S = 0.3  # stopping.STOP_GRACE_S in the two tests below: each stage waits this long
+# stopping.STOP_GRACE_S in the two tests below: each stage waits this long; the last one, after
+# SIGKILL, has it to see the process gone, which takes milliseconds even on loaded cores.
+STAGE_GRACE_S = 1.0
 # A process that ignores both signals sent before SIGKILL (SIGINT too: the wait after Ctrl-C is
 # for it); it says so on standard output once they are ignored.
 DEAF_TO_STOPS = """import signal, time
@@ -350,6 +352,7 @@ if pid == 0:
     time.sleep(60)
     os._exit(0)
 os.read(ready, 1)  # its signals are ignored from here
+os.kill(pid, signal.SIGINT)  # Ctrl-C, as the terminal sends it to the group
 running = {{pid: 7}}
 began = time.monotonic()
 forks.stop_forks(running, reply_end, stopping.AFTER_CTRL_C)
@@ -366,6 +369,7 @@ def test_stop_sends_sigkill_last_to_what_ignores_sigterm_and_ctrl_c(monkeypatch)
                             text=True)
     try:
         assert deaf.stdout.readline() == "ready\n"  # its signals are ignored from here
+        deaf.send_signal(signal.SIGINT)  # Ctrl-C, as the terminal sends it to the group
         began = time.monotonic()
         stopping.stop(deaf, signals=stopping.AFTER_CTRL_C)
         took_s, exit_code = time.monotonic() - began, deaf.poll()
