@@ -203,23 +203,28 @@ def analyze(path: Path) -> Analysis:
     analysis = analyze_file(newest)
     if not Path(path).is_dir():
         return analysis
-    # A folder may hold several traces of one run: a schedule's repeat cycles, reruns into it.
     files = trace.trace_files(path)
+    if analysis.result["recorded_nothing"]:
+        analysis = newest_that_recorded(files[:-1], newest) or analysis
+    # A folder may hold several traces of one run: a schedule's repeat cycles, reruns into it.
     analysis.result["traces_in_folder"] = len(files)
-    if not analysis.result["recorded_nothing"]:
-        return analysis
-    for older in reversed(files[:-1]):
+    return analysis
+
+
+def newest_that_recorded(older: list[Path], newest: Path) -> Analysis | None:
+    """The newest of the `older` traces whose steps hold something a rule reads, with a warning
+    that names it and the folder's `newest`; None if none does."""
+    for path in reversed(older):
         try:
-            candidate = analyze_file(older)
+            candidate = analyze_file(path)
         except trace.TraceError:
             continue  # a broken older trace (a killed run's) is no candidate
         if not candidate.result["recorded_nothing"]:
-            candidate.result["traces_in_folder"] = len(files)
             candidate.result["warnings"].insert(0, (
-                f"read {older.name}, not the folder's newest trace, {newest.name}, whose steps "
+                f"read {path.name}, not the folder's newest trace, {newest.name}, whose steps "
                 f"hold nothing a rule reads: {CUT_CYCLE_TRACE}"))
             return candidate
-    return analysis
+    return None
 
 
 def analyze_file(trace_path: Path) -> Analysis:
