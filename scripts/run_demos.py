@@ -271,13 +271,20 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
     header line starts each script's output: "=== [3/12] <demo>/<variant> (41 s elapsed)"."""
     started = time.perf_counter()
 
-    def header(index: int, demo: str, variant: str) -> None:
-        print(f"\n=== [{index}/{len(runs)}] {demo}/{variant} "
-              f"({time.perf_counter() - started:.0f} s elapsed)", flush=True)
+    def header(index: int, demo: str, variant: str, stopped: str = "") -> None:
+        print(f"\n=== [{index}/{len(runs)}] {demo}/{variant} ({stopped}"
+              f"{time.perf_counter() - started:.0f} s elapsed)", flush=True)
+
+    def print_log(index: int) -> None:
+        log = logs / f"{index}.log"  # none if the script failed before it started
+        print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
+        printed.add(index)
 
     forks = start_forks() if forks_scripts(flags) else None
     processes: list[subprocess.Popen] = []  # the scripts started in processes of their own
     logs = None
+    running: dict[int, tuple[Callable[[], int | None], datetime]] = {}
+    waiting, printed = list(range(len(runs))), set()
     try:
         if flags.jobs == 1:
             for index, (demo, variant) in enumerate(runs, start=1):
@@ -286,9 +293,7 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
             return
         # Several at once, each one's output into a file, printed whole when it ends, in order.
         logs = Path(tempfile.mkdtemp(prefix="run_demos_"))
-        running: dict[int, tuple[Callable[[], int | None], datetime]] = {}
         ended: dict[int, bool] = {}
-        waiting = list(range(len(runs)))
         for printing, (demo, variant) in enumerate(runs):
             while printing not in ended:
                 while (len(running) < flags.jobs
@@ -304,11 +309,14 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
                 if printing not in ended:
                     time.sleep(POLL_S)
             header(printing + 1, demo, variant)
-            log = logs / f"{printing}.log"  # none if the script failed before it started
-            print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
+            print_log(printing)
             yield ended[printing], demo, variant
     except BaseException as stopped:  # SIGTERM (stopping.Terminated), Ctrl-C, an error, a close
         stop_scripts(processes, forks, after_ctrl_c=isinstance(stopped, KeyboardInterrupt))
+        if logs is not None:  # the output of each script started and not yet printed: where it was
+            for index in sorted(set(range(len(runs))) - set(waiting) - printed):
+                header(index + 1, *runs[index], stopped="stopped, " * (index in running))
+                print_log(index)
         raise
     finally:
         if forks is not None:

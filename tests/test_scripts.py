@@ -264,11 +264,13 @@ from pathlib import Path
 pid_file = Path({started!r}, Path(__file__).stem)
 Path(f"{{pid_file}}.part").write_text(str(os.getpid()))
 os.replace(f"{{pid_file}}.part", pid_file)  # whole once it is there: the test reads it then
+print(f"[hangs/{{Path(__file__).stem}}] started", flush=True)  # a demo's progress line
 try:
     time.sleep(600)
-except KeyboardInterrupt:  # a demo that takes a moment to unwind on Ctrl-C, then ends quietly
+except KeyboardInterrupt:  # a demo that takes a moment to unwind on Ctrl-C, then says so
     time.sleep({unwind_s})
     Path({started!r}, Path(__file__).stem + ".unwound").touch()
+    print(f"[hangs/{{Path(__file__).stem}}] stopped (Ctrl-C)", file=sys.stderr, flush=True)
     sys.exit(130)
 """
 UNWIND_S = 0.5  # a SIGTERM at once would cut this short; stopping.STOP_GRACE_S is 20x that
@@ -404,7 +406,9 @@ def test_sigterm_or_ctrl_c_to_run_demos_stops_the_scripts_still_running_and_leav
     which would run on as orphans, holding a GPU's memory; its --jobs logs go too. Ctrl-C reaches
     the whole process group, as a terminal sends it. Either way it ends as that signal ends a
     process (so a shell loop around it stops too), without a traceback of its own; after Ctrl-C
-    it says so in one line, and each script had the time to unwind on the Ctrl-C it got."""
+    it says so in one line, and each script had the time to unwind on the Ctrl-C it got. What
+    each script printed is there, with --jobs too (its log, printed whole once it ends, is
+    printed on a stop, under a header that says it stopped)."""
     root, started, tmp = tmp_path / "root", tmp_path / "started", tmp_path / "tmp"
     for folder in (root / "scripts", root / "demos" / "hangs", started, tmp):
         folder.mkdir(parents=True)
@@ -439,10 +443,19 @@ def test_sigterm_or_ctrl_c_to_run_demos_stops_the_scripts_still_running_and_leav
     printed = (tmp_path / "output").read_text()
     expected = signal.SIGTERM if stop == "sigterm" else signal.SIGINT
     assert run.returncode == -expected, printed
-    # The fake scripts end quietly on Ctrl-C; a traceback here is one of run_demos.py or forks.py.
+    # The fake scripts end on Ctrl-C with a line; a traceback here is run_demos.py's or forks.py's.
     assert "Traceback" not in printed
-    stopped_lines = [line for line in printed.splitlines() if "stopped (Ctrl-C)" in line]
-    assert len(stopped_lines) == (0 if stop == "sigterm" else 1), printed
+    lines = printed.splitlines()
+    for name in scripts:
+        assert f"[hangs/{name}] started" in lines, printed
+        if "--jobs" in args:
+            assert any(line.startswith("=== [") and f"] hangs/{name} (stopped, " in line
+                       for line in lines), printed
+    stopped_lines = [line for line in lines if "stopped (Ctrl-C)" in line]
+    said = "run_demos.sh: stopped (Ctrl-C); no script is left running"
+    assert stopped_lines == ([] if stop == "sigterm" else
+                             [f"[hangs/{name}] stopped (Ctrl-C)" for name in scripts] + [said]
+                             ), printed
     if stop == "ctrl-c":  # each script had the time to end on its own Ctrl-C
         assert sorted(started.glob("*.unwound")) == [started / f"{name}.unwound"
                                                       for name in scripts]
