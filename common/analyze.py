@@ -594,15 +594,23 @@ def format_human(result: dict) -> str:
     return "\n".join(lines)
 
 
+def frame_words(frame: str, entry: dict) -> str:
+    """"frame 1: 0.5/step under compile ids 2, 3, 6, 7"; frame "?" is the regions whose name
+    holds no ids (compiled.py)."""
+    calls = f"{entry['calls_per_step']:.1f}/step"
+    if frame == "?":
+        return f"regions without a frame or compile id in their name: {calls}"
+    ids = entry["compile_ids"]
+    return (f"frame {frame}: {calls} under compile id{'s' * (len(ids) > 1)} "
+            f"{', '.join(map(str, ids)) or '?'}")
+
 
 def compiled_lines(compiled: dict | None) -> list[str]:
     """torch.compile in the recorded steps (common/compiled.py): regions by frame and compile id,
     graph breaks with the eager operators inside regions, compiling inside the steps."""
     if not compiled:
         return []
-    frames = "; ".join(f"frame {frame} ids {', '.join(map(str, entry['compile_ids'])) or '?'} "
-                       f"({entry['calls_per_step']:.1f}/step)"
-                       for frame, entry in compiled["frames"].items())
+    frames = "; ".join(frame_words(frame, entry) for frame, entry in compiled["frames"].items())
     eager = ", ".join(f"{op['name']} {op['ms_per_step']:.2f} ms" for op in
                       compiled["eager_operators"])
     compiling = (f"{compiled['compiling_ms']:,.1f} ms in step"

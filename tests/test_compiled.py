@@ -147,6 +147,9 @@ def test_compile_ids_that_change_from_step_to_step_are_recompiles(tmp_path):
     assert recompiles["severity"] == "medium"
     assert "frame 0 under compile ids 2, 3, 5 (up to its 6th compile)" in recompiles["evidence"]
     assert "TORCH_LOGS=recompiles" in recompiles["fix"]
+    # The analyzer's line says the same frame and ids in words.
+    assert analyze.compiled_lines(result["compiled"])[0].startswith(
+        "compiled     1.0 regions/step (frame 0: 1.0/step under compile ids 2, 3, 5), ")
     assert "graph_breaks" not in fired(result)
 
 
@@ -219,6 +222,8 @@ def test_a_region_without_ids_an_older_torch_still_shows_its_break(tmp_path):
     result = write(steps_of(calls), tmp_path)
     found = result["compiled"]
     assert found["frames"]["?"]["compile_ids"] == []
+    assert ("(regions without a frame or compile id in their name: 2.0/step)"
+            in analyze.compiled_lines(found)[0])
     assert found["graph_breaks_per_step"] == 1.0
     assert fired(result) >= {"graph_breaks"} and "recompiles" not in fired(result)
 
