@@ -23,7 +23,7 @@ class Preset:
 
 
 # The ladder's first rungs train at this batch on every device: a first script's batch, before
-# rung 3 takes one that fills the device (the preset's).
+# rung 2 takes one that fills the device (the preset's).
 LADDER_FIRST_BATCH = 16  # samples per step
 
 # The preset a demo may add for a CPU without BF16 matrix units (mixed_precision's smaller

@@ -13,7 +13,7 @@ from common import data, harness, models, presets
 def main() -> None:
     # the preset's batch: kernels big enough to fill the GPU, the step's fixed costs shared
     run = harness.setup(demo="ladder", variant="rung5_jitter_on_device")
-    # on a GPU the workers decode, crop and flip; the colour jitter (most of their time) is its
+    # a GPU takes the colour jitter (most of the workers' time); the workers decode, crop, flip
     images = data.augmented_images(run, uint8=True, jitter=not run.is_cuda)
     loader = DataLoader(images, batch_size=run.batch_size, shuffle=True, drop_last=True,
                         # the cores the training process leaves free prepare the next batches
