@@ -596,13 +596,13 @@ def format_human(result: dict) -> str:
 
 def frame_words(frame: str, entry: dict) -> str:
     """"frame 1: 0.5/step under compile ids 2, 3, 6, 7"; frame "?" is the regions whose name
-    holds no ids (compiled.py)."""
+    holds no ids (compiled.py: a name holds both or neither)."""
     calls = f"{entry['calls_per_step']:.1f}/step"
     if frame == "?":
         return f"regions without a frame or compile id in their name: {calls}"
     ids = entry["compile_ids"]
     return (f"frame {frame}: {calls} under compile id{'s' * (len(ids) > 1)} "
-            f"{', '.join(map(str, ids)) or '?'}")
+            f"{', '.join(map(str, ids))}")
 
 
 def compiled_lines(compiled: dict | None) -> list[str]:

@@ -278,13 +278,12 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
     def print_log(index: int) -> None:
         log = logs / f"{index}.log"  # none if the script failed before it started
         print(log.read_text(errors="replace") if log.is_file() else "", end="", flush=True)
-        printed.add(index)
 
     forks = start_forks() if forks_scripts(flags) else None
     processes: list[subprocess.Popen] = []  # the scripts started in processes of their own
     logs = None
     running: dict[int, tuple[Callable[[], int | None], datetime]] = {}
-    waiting, printed = list(range(len(runs))), set()
+    waiting, printed = list(range(len(runs))), 0  # printed: the logs shown, in order
     try:
         if flags.jobs == 1:
             for index, (demo, variant) in enumerate(runs, start=1):
@@ -310,11 +309,12 @@ def run_scripts(runs: list[tuple[str, str]], flags: argparse.Namespace):
                     time.sleep(POLL_S)
             header(printing + 1, demo, variant)
             print_log(printing)
+            printed = printing + 1
             yield ended[printing], demo, variant
     except BaseException as stopped:  # SIGTERM (stopping.Terminated), Ctrl-C, an error, a close
         stop_scripts(processes, forks, after_ctrl_c=isinstance(stopped, KeyboardInterrupt))
         if logs is not None:  # the output of each script started and not yet printed: where it was
-            for index in sorted(set(range(len(runs))) - set(waiting) - printed):
+            for index in [i for i in range(printed, len(runs)) if i not in waiting]:
                 header(index + 1, *runs[index], stopped="stopped, " * (index in running))
                 print_log(index)
         raise
