@@ -262,9 +262,9 @@ def test_a_fork_keeps_its_stderr_apart_and_is_ended_past_its_timeout(tmp_path):
 HANGING_SCRIPT = """import os, sys, time
 from pathlib import Path
 pid_file = Path({started!r}, Path(__file__).stem)
+print(f"[hangs/{{Path(__file__).stem}}] started", flush=True)  # a demo's line, before the stop
 Path(f"{{pid_file}}.part").write_text(str(os.getpid()))
 os.replace(f"{{pid_file}}.part", pid_file)  # whole once it is there: the test reads it then
-print(f"[hangs/{{Path(__file__).stem}}] started", flush=True)  # a demo's progress line
 try:
     time.sleep(600)
 except KeyboardInterrupt:  # a demo that takes a moment to unwind on Ctrl-C, then says so
