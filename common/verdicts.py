@@ -397,8 +397,14 @@ def rule_host_sync(m: dict) -> dict | None:
     if per_step < HOST_SYNC_PER_STEP_MIN or idle_pct < HOST_SYNC_IDLE_MIN_PCT:
         return None
     reads = gpu["syncs_by_cause_per_step"]["value_read"]
+    copies = gpu["syncs_by_cause_per_step"]["h2d_copy"]
+    # The host line's syncs/step counts every sync; say which of them these are, so that the
+    # two counts read as parts of one (tokenizer_bound: 1.0 here of 3.0 there).
+    of_all = (f"of {gpu['syncs_per_step']:.1f} syncs/step, the rest in host-to-device copies; "
+              if copies else "")
     evidence = (
-        f"host syncs: {per_step:.1f} per step ({reads:.1f} read a value from the GPU; issued by "
+        f"host syncs: {per_step:.1f} per step ({of_all}{reads:.1f} read a value from the GPU; "
+        f"issued by "
         f"{sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.1f} % of the "
         f"window in the gaps they end in" + (" within their steps" if mid_step else "")
         + f" (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and >= "

@@ -180,6 +180,17 @@ def test_copy_syncs_and_value_reads_each_get_their_verdict(tmp_path):
     assert gpu["sync_idle_pct_by_cause"] == pytest.approx(
         causes(value_read=SECOND_GAP_PCT, h2d_copy=FIRST_GAP_PCT))
     assert sorted(ids(result)) == ["h2d_copy", "host_sync"]
+    # The host line prints 2.0 syncs/step; host_sync's count says it is the part of those 2.0
+    # outside the copies, so the two counts do not read as one quantity with two values.
+    assert by_id(result)["host_sync"]["evidence"].startswith(
+        "host syncs: 1.0 per step (of 2.0 syncs/step, the rest in host-to-device copies; 1.0 "
+        "read a value from the GPU;")
+
+
+def test_without_copy_syncs_host_syncs_are_all_the_syncs(tmp_path):
+    """No copy syncs: host_sync's count is the host line's syncs/step, said once."""
+    evidence = by_id(analysed(tmp_path, mlp_trace("item")))["host_sync"]["evidence"]
+    assert evidence.startswith("host syncs: 1.0 per step (1.0 read a value from the GPU;")
 
 
 def test_a_gap_counts_once_for_the_sync_that_waited(tmp_path):
