@@ -404,8 +404,7 @@ def rule_host_sync(m: dict) -> dict | None:
               if copies else "")
     evidence = (
         f"host syncs: {per_step:.1f} per step ({of_all}{reads:.1f} read a value from the GPU; "
-        f"issued by "
-        f"{sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.1f} % of the "
+        f"issued by {sync_sources(gpu, HOST_SYNC_CAUSES)}), and the GPU idles {idle_pct:.1f} % of the "
         f"window in the gaps they end in" + (" within their steps" if mid_step else "")
         + f" (rule: >= {HOST_SYNC_PER_STEP_MIN:.0f}/step and >= "
         f"{HOST_SYNC_IDLE_MIN_PCT:.0f} %)")
