@@ -52,6 +52,7 @@ from common.trace_columns import TraceColumns, read_trace
 from common.trace_steps import (
     BREAKDOWN_ROLES,
     US_PER_MS,
+    ends_the_loop,
     extend_steps,
     host_steps,
     runtime_step_index,
@@ -172,12 +173,15 @@ def several_gpus_warning(by_device: dict[str, float] | None) -> str | None:
 def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[float, float],
                      regions) -> bool:
     """Whether the steps hold nothing a rule reads: no PyTorch operator, no GPU work, no
-    DataLoader span, collective call or host region. The profiler writes such a trace when it
-    stops in a schedule's warm-up (a loop that ends mid-cycle: at exit it records the cut cycle's
-    step, empty), beside the full trace before it."""
+    DataLoader span, collective call or host region; or the one step is the loop's end
+    (trace_steps.ends_the_loop). The profiler writes such a trace when it stops mid-cycle (a loop
+    that ends in a schedule's warm-up or active steps: at exit it records the cut cycle's step),
+    beside the full trace before it."""
     def meets(spans: Spans, lo: float, hi: float) -> bool:
         return bool(((spans.end > lo) & (spans.start < hi)).any())
 
+    if columns.steps.size == 1 and ends_the_loop(columns):
+        return True  # its DataLoader span is the loop's end, no batch of the run's
     ours = operators(columns)  # not the harness's regions written as operators
     host = (Spans(columns.cpu_ops.start[ours], columns.cpu_ops.end[ours]), columns.dataloader,
             columns.collective_spans, columns.collective_ops, regions.segments)
@@ -187,8 +191,27 @@ def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[fl
 
 
 # Where such a trace comes from, in both warnings that meet one.
-CUT_CYCLE_TRACE = ("a profiler that stops in its schedule's warm-up writes such a trace at exit, "
-                   "after the full one (a loop that ends mid-cycle)")
+CUT_CYCLE_TRACE = ("a profiler that stops mid-cycle (a loop that ends in its schedule's warm-up "
+                   "or active steps) writes such a trace at exit, after the full one")
+# A loop over a DataLoader ends in the call that finds it empty: a step of its own, holding only
+# that call, where the profiler still records (trace_steps.ends_the_loop).
+LOOP_END = ("a loop over a DataLoader ends in a call that finds it empty, which the profiler "
+            "records as a step of its own when it stops after it")
+LOOP_END_ALONE_WARNING = (
+    f"the one step holds only the DataLoader's calls, the loop's end, so no rule has anything to "
+    f"read: no verdicts ({LOOP_END}; {CUT_CYCLE_TRACE})")
+
+
+def loop_end_warning(columns, host: Spans) -> str | None:
+    """The warning for a trace whose last step is the loop's end: left out of the steps behind
+    others (host_steps), or the trace's only step; None for any other trace."""
+    if not (columns.steps.size and ends_the_loop(columns)):
+        return None
+    if host.size == columns.steps.size:
+        return LOOP_END_ALONE_WARNING
+    cut_ms = float(columns.steps.end[-1] - columns.steps.start[-1]) / US_PER_MS
+    return (f"the last step ({cut_ms:.2f} ms) is left out of the steps: it holds only the "
+            f"DataLoader's calls, the loop's end ({LOOP_END})")
 RECORDED_NOTHING_WARNING = (
     f"the steps hold no PyTorch operator, GPU work, DataLoader span, collective call or host "
     f"region, so no rule has anything to read: no verdicts. {CUT_CYCLE_TRACE.capitalize()}; or "
@@ -359,8 +382,11 @@ def analyze_file(trace_path: Path) -> Analysis:
     metrics["impossible_events"] = columns.impossible
     # A GPU run the profiler recorded without its GPU: said, and read as no GPU (no GPU rules).
     metrics["gpu_unrecorded_calls"] = unrecorded_calls
+    loop_end = loop_end_warning(columns, host)
     metrics["warnings"] = [line for line in (
-        RECORDED_NOTHING_WARNING if metrics["recorded_nothing"] else None,
+        loop_end,
+        (RECORDED_NOTHING_WARNING if metrics["recorded_nothing"]
+         and loop_end != LOOP_END_ALONE_WARNING else None),
         sanity.warning_line(columns.impossible),
         initialization_regime_warning(metrics["initialization"]),
         gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"]),

@@ -9,7 +9,7 @@ import numpy as np
 
 from common.intervals import Spans, clip, concat, covered_length, merge
 from common.syncs import step_index
-from common.trace_columns import TraceColumns
+from common.trace_columns import DATALOADER_REGION, TraceColumns
 
 # Definitions (sources in common/README.md, "Analyzing a trace"):
 #   steps        ProfilerStep#N spans (none: the whole trace is one step), each extended to the end
@@ -29,11 +29,36 @@ BREAKDOWN_ROLES = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_e
 # --- Steps and their extension to the GPU work they launched. ----------------------------------
 
 def host_steps(columns: TraceColumns) -> Spans:
-    """ProfilerStep#N spans; with none, the whole trace (its CPU side) is one step."""
+    """ProfilerStep#N spans, less a last one that is the loop's end (ends_the_loop) behind
+    others; with none, the whole trace (its CPU side) is one step."""
+    if columns.steps.size > 1 and ends_the_loop(columns):
+        return Spans(columns.steps.start[:-1], columns.steps.end[:-1])
     if columns.steps.size:
         return columns.steps
     low, high = columns.cpu_extent or columns.all_extent
     return Spans(np.array([low]), np.array([high]))
+
+
+def ends_the_loop(columns: TraceColumns) -> bool:
+    """Whether the last ProfilerStep#N holds nothing but the DataLoader's calls: no operator,
+    runtime call, collective call or record_function range outside them. A loop over a
+    DataLoader ends in the call that finds it empty (StopIteration), in a step of its own that
+    the profiler's exit ends; no step of a model's work is that empty."""
+    if not columns.steps.size:
+        return False
+    start, end = float(columns.steps.start[-1]), float(columns.steps.end[-1])
+    loader = merge(columns.dataloader)
+    if not ((loader.start < end) & (loader.end > start)).any():
+        return False  # an empty step is no loop's end (analyze.recorded_nothing reads it)
+    regions = [spans for name, spans in columns.regions.items() if name != DATALOADER_REGION]
+    for spans in (columns.cpu_ops, columns.runtime, columns.collective_spans,
+                  columns.collective_ops, columns.annotations, *regions):
+        meets = (spans.start < end) & ((spans.end > start) | (spans.start >= start))
+        inner = np.searchsorted(loader.start, spans.start[meets], side="right") - 1
+        inside = (inner >= 0) & (loader.end[np.maximum(inner, 0)] >= spans.end[meets])
+        if not inside.all():
+            return False
+    return True
 
 
 def runtime_step_index(columns: TraceColumns, steps: Spans) -> np.ndarray:

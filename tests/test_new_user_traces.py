@@ -396,6 +396,99 @@ def test_a_loop_that_ends_mid_schedule_is_read_from_its_full_trace(tmp_path, cap
     assert f"read {full.name}, not the folder's newest trace" in capsys.readouterr().out
 
 
+def loader_steps_trace(last: str, gpu: bool = False) -> KinetoTrace:
+    """Three steps of 1000 µs, each a 100 µs DataLoader call, then the model's operator (on a GPU
+    one launch whose kernel runs until 1100 µs into the step: the GPU lags), then a 70 µs fourth
+    step whose DataLoader call holds its collate (a loop that breaks after fetching) and, with
+    `last` "operator", an operator after it."""
+    t = KinetoTrace()
+    if gpu:
+        t.gpu()
+    for step in range(3):
+        at = step * STEP_US
+        t.step(step + 1, at, STEP_US)
+        t.dataloader(at, 100)
+        if gpu:
+            t.op("aten::mm", at + 150, 40)
+            t.launch(at + 160, 20, at + 200, 900)
+        else:
+            t.op("aten::mm", at + 150, 800)
+    at = 3 * STEP_US
+    t.step(4, at, 70)
+    t.dataloader(at, 40)
+    t.op("aten::stack", at + 10, 20)
+    if last == "operator":
+        t.op("aten::add", at + 50, 10)
+    return t
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_a_last_step_of_only_dataloader_calls_is_the_loops_end_and_left_out(tmp_path, gpu):
+    """The loop's end (its last DataLoader call, in a step of its own) is no step of the model's:
+    left out of the steps, with a warning; one operator outside the call keeps the step. On a
+    GPU the third step's kernel, still running in the fourth, stays the third's."""
+    result = analyze.analyze_trace(loader_steps_trace("loader", gpu).write(tmp_path / "end.json"))
+    assert result["steps"] == 3 and not result["recorded_nothing"]
+    assert result["warnings"][0].startswith("the last step (0.07 ms) is left out of the steps")
+    # On a GPU the window runs on to the third kernel's end: the loop's end is inside it.
+    assert result["dataloader_pct"] == pytest.approx(100 * (300 + 40 * gpu)
+                                                     / (3 * STEP_US + 100 * gpu))
+    if gpu:  # each step extended to its kernel's end (1100 µs in), the next starting there
+        assert result["window_ms"] == pytest.approx(3.1)
+        assert result["gpu"]["utilization_pct"] == pytest.approx(100 * 3 * 900 / 3100)
+    else:
+        assert result["step_ms"]["p50"] == pytest.approx(STEP_US / 1000)
+    kept = analyze.analyze_trace(loader_steps_trace("operator", gpu).write(tmp_path / "op.json"))
+    assert kept["steps"] == 4 and kept["warnings"] == []
+
+
+def test_a_middle_step_of_only_dataloader_calls_stays(tmp_path):
+    """Only the last step can be the loop's end: one in the middle (a loader that gave a batch
+    the step skipped) is a step like the others."""
+    t = loader_steps_trace("loader")
+    t.step(5, 4 * STEP_US, STEP_US)
+    t.dataloader(4 * STEP_US, 100)
+    t.op("aten::mm", 4 * STEP_US + 150, 800)
+    assert analyze.analyze_trace(t.write(tmp_path / "t.json"))["steps"] == 5
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
+@pytest.mark.parametrize("batches", [5, 6])
+def test_a_loop_over_a_dataloader_that_ends_mid_schedule_reads_its_steps(tmp_path, capsys,
+                                                                         batches):
+    """torch.profiler with schedule(warmup=1, active=3) over a DataLoader of 5 or 6 batches: the
+    cycle's trace, then at exit a cut one whose last step is the loop's end (the call that found
+    the loader empty). Of 6 batches the cut trace holds step 5 and the loop's end: read as one
+    step, its own. Of 5 it holds the loop's end alone: no verdicts (they would read its 0.1 ms as
+    DataLoader and Python time), and the folder reads the full trace."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    loader = DataLoader(TensorDataset(torch.randn(8 * batches, 64)), batch_size=8)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=tensorboard_trace_handler(str(tmp_path))) as profiler:
+        for (x,) in loader:
+            model(x).sum().backward()
+            profiler.step()
+    full, cut = sorted(tmp_path.iterdir(), key=lambda path: path.stat().st_size, reverse=True)
+    os.utime(cut, (full.stat().st_mtime + 1,) * 2)  # written last, as it is: no tie to break
+    alone = analyze.analyze_trace(cut)
+    columns = analyze.read_trace(cut)
+    assert columns.steps.size == batches - 4  # the cut cycle's steps, the loop's end last
+    if batches == 6:
+        assert alone["steps"] == 1
+        step_ms = float(columns.steps.end[0] - columns.steps.start[0]) / 1000
+        assert alone["step_ms"]["p50"] == pytest.approx(step_ms)
+        assert alone["warnings"][0].startswith("the last step (")
+    else:
+        assert alone["recorded_nothing"] and alone["findings"] == []
+        assert alone["warnings"] == [analyze.LOOP_END_ALONE_WARNING]
+        result = analyze.analyze_trace(tmp_path)
+        assert result["trace"] == str(full) and result["steps"] == 3
+
+
 def test_a_broken_older_trace_in_the_folder_does_not_stop_the_newest(tmp_path, capsys):
     """A killed run's truncated trace beside the newest: the folder reads as its newest trace
     (not as two ranks, one unreadable)."""
