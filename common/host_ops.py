@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.idle_causes import enqueues_nothing, is_compile_work, names_where
+from common.idle_causes import compiling_operators, enqueues_nothing
 from common.intervals import Spans, concat, merge, union_in
 from common.trace_columns import TraceColumns
 from common.trace_steps import US_PER_MS, self_time_us
@@ -39,17 +39,21 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
     the median operator's self time; the share of the window in short operators' self time
     (CPU_SHORT_OP_US) and outside every operator. `held`: time another cause already names (the
     DataLoader's spans, the host regions, collective calls), not counted as outside operators.
-    torch.compile's compiling ranges (torch 2.14 writes them as operators) are no operators:
-    their time is compiling, which `compiled` and `initialization` name, held as well."""
+    torch.compile's compiling ranges (torch 2.14 writes them as operators) and the operators
+    inside them are no operators: their time is compiling, which `compiled` and `initialization`
+    name, held as well (idle_causes.compiling_operators)."""
     low, high = host_window
     span = high - low
     ops = columns.cpu_ops
-    compiling = names_where(columns.cpu_op_names, is_compile_work)
+    compiling = compiling_operators(columns)
     held = concat(held, Spans(ops.start[compiling], ops.end[compiling]))
-    ours = operators(columns) & ~compiling
+    every = operators(columns)
+    ours = every & ~compiling
     in_window = ours & (ops.start >= low) & (ops.start < high)
-    self_us = self_time_us(Spans(ops.start[ours], ops.end[ours]), columns.cpu_op_thread[ours])
-    self_us = self_us[in_window[ours]]
+    # Self time among all of them: the compiling an operator holds (the backward's, compiled in
+    # CompiledFunctionBackward's first call) is none of its own time.
+    self_us = self_time_us(Spans(ops.start[every], ops.end[every]), columns.cpu_op_thread[every])
+    self_us = self_us[in_window[every]]
     covered = merge(concat(Spans(ops.start[in_window], ops.end[in_window]), held))
     outside = span - union_in(covered, low, high)
     # The gaps between operators (and other named time) inside the window: the short ones are

@@ -86,9 +86,10 @@ INIT_FIRST_CALL_RATIO = 10.0  # first call ÷ median of the later calls (or its 
 INIT_MOSTLY_MIN_PCT = 50.0  # % of the window in initialization spans
 INIT_STEADY_MIN_PCT = 50.0  # % of the window after the last initialization span
 COMPILE_MARKER = "(dynamo_timed)"
-# Compiling ranges without the marker: the one around a frame's whole compile, and Dynamo's
-# outermost (torch 2.14 writes both as operators, around the marked ones).
-COMPILE_RANGE_NAMES = ("entire_frame_compile", "dynamo")
+# Compiling ranges without the marker: the ones around a frame's whole compile and around its
+# backward's (compiled at the first backward), and Dynamo's outermost (torch 2.14 writes them
+# as operators, around the marked ones).
+COMPILE_RANGE_NAMES = ("entire_frame_compile", "entire_backward_compile", "dynamo")
 INIT_KINDS = ("setup_call", "long_launch", "first_launch", "first_call", "compile",
               "first_collective")
 INIT_KIND_WORDS = {
@@ -113,6 +114,27 @@ INIT_FIXES = {
 def is_compile_work(name: str) -> bool:
     """A range of torch.compile compiling (tracing, AOTAutograd, Inductor), not running."""
     return COMPILE_MARKER in name or name in COMPILE_RANGE_NAMES
+
+
+def compiling_operators(columns: TraceColumns) -> np.ndarray:
+    """Per operator (cpu_ops): a compiling range (is_compile_work), or inside one on its thread.
+    Compiling writes its steps as operators without the marker too (inductor_compile,
+    Scheduler.codegen), and tracing runs ATen operators on fake tensors: of a compiled model's
+    cold first call on a CPU, 45,558 of the 47,601 operators."""
+    ops = columns.cpu_ops
+    compiling = names_where(columns.cpu_op_names, is_compile_work)
+    if not compiling.any():
+        return compiling
+    thread = (columns.cpu_op_thread if columns.cpu_op_thread.size
+              else np.zeros(ops.size, np.int64))
+    inside = compiling.copy()
+    for each in np.unique(thread[compiling]).tolist():
+        ranges = compiling & (thread == each)
+        reach = merge(Spans(ops.start[ranges], ops.end[ranges]))
+        on = np.flatnonzero(thread == each)
+        k = np.searchsorted(reach.start, ops.start[on], side="right") - 1
+        inside[on] |= (k >= 0) & (ops.end[on] <= reach.end[np.maximum(k, 0)])
+    return inside
 
 
 def names_where(names: np.ndarray, test) -> np.ndarray:

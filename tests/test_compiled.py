@@ -281,19 +281,39 @@ def test_no_shared_trace_has_compiled_regions_or_a_compile_verdict():
         assert not fired(result) & {"recompiles", "graph_breaks"}, path.name
 
 
+def test_what_runs_inside_compiling_is_compiling_and_no_operators_own_time(tmp_path):
+    """A CPU step whose first backward compiles (torch 2.14): inside CompiledFunctionBackward,
+    entire_backward_compile (no marker) holds a marked range, and inside that an unmarked one
+    (inductor_compile) and tracing's operators. None is an operator; CompiledFunctionBackward's
+    own time is its 10 µs outside them; an operator on another thread meanwhile stays one."""
+    built = KinetoTrace(vocabulary="current")
+    built.step(1, START_US, 2 * STEP_US)
+    built.op("aten::mm", START_US + 10, 100)
+    built.op("CompiledFunctionBackward", START_US + 200, 1_010)
+    built.op("entire_backward_compile", START_US + 205, 1_000)
+    built.op("backward._backward_impl (dynamo_timed)", START_US + 206, 998)
+    built.op("inductor_compile", START_US + 207, 900)
+    built.op("aten::empty_strided", START_US + 208, 1)
+    built.op("aten::mm", START_US + 300, 50, tid=BACKGROUND_TID)
+    cpu = write(built, tmp_path)["cpu"]
+    assert cpu["ops_per_step"] == 3  # two aten::mm and CompiledFunctionBackward
+    assert dict(cpu["top_ops_ms_per_step"]) == {
+        "aten::mm": pytest.approx(0.15), "CompiledFunctionBackward": pytest.approx(0.01)}
+
+
 def test_compiling_in_a_cpu_step_is_no_operator(tmp_path):
     """A recompile inside a recorded step of a CPU trace: its compiling ranges (torch 2.14 writes
     them as operators) are not operators to the CPU metrics: not among the most self time, not
     counted a step, and their time is not "outside every operator" either (compiling names it).
-    The fake tensors made while tracing stay operators."""
+    Nor are the operators inside them: the fake tensors made while tracing are compiling too."""
     calls = [[dict(frame=0, compile_id=0)]] * 4
     result = write(steps_of(calls, compile_in_step=1), tmp_path)
     cpu = result["cpu"]
     names = [name for name, _ in cpu["top_ops_ms_per_step"]]
     assert not [name for name in names if "compile" in name], names
     quiet = write(steps_of(calls), tmp_path, "quiet.json")["cpu"]
-    # the same operators a step but the one aten::empty made while tracing (4 steps)
-    assert cpu["ops_per_step"] == pytest.approx(quiet["ops_per_step"] + 1 / 4)
+    # the same operators a step: the aten::empty made while tracing is no step's
+    assert cpu["ops_per_step"] == pytest.approx(quiet["ops_per_step"])
     # 200 ms of compiling in a window of about 204 ms: none of it outside operators
     assert cpu["outside_ops_pct"] < quiet["outside_ops_pct"]
     assert result["compiled"]["compiling_ms"] == pytest.approx(200.0)  # where it is named
