@@ -285,7 +285,8 @@ def test_what_runs_inside_compiling_is_compiling_and_no_operators_own_time(tmp_p
     """A CPU step whose first backward compiles (torch 2.14): inside CompiledFunctionBackward,
     entire_backward_compile (no marker) holds a marked range, and inside that an unmarked one
     (inductor_compile) and tracing's operators. None is an operator; CompiledFunctionBackward's
-    own time is its 10 µs outside them; an operator on another thread meanwhile stays one."""
+    own time is its 10 µs outside them; an operator on another thread meanwhile stays one. Its
+    time in compiled graphs is those 10 µs too, not the compiling it holds."""
     built = KinetoTrace(vocabulary="current")
     built.step(1, START_US, 2 * STEP_US)
     built.op("aten::mm", START_US + 10, 100)
@@ -295,7 +296,10 @@ def test_what_runs_inside_compiling_is_compiling_and_no_operators_own_time(tmp_p
     built.op("inductor_compile", START_US + 207, 900)
     built.op("aten::empty_strided", START_US + 208, 1)
     built.op("aten::mm", START_US + 300, 50, tid=BACKGROUND_TID)
-    cpu = write(built, tmp_path)["cpu"]
+    result = write(built, tmp_path)
+    assert result["compiled"]["graph_ms_per_step"] == pytest.approx(0.01)
+    assert result["compiled"]["compiling_ms"] == pytest.approx(1.0)  # entire_backward_compile
+    cpu = result["cpu"]
     assert cpu["ops_per_step"] == 3  # two aten::mm and CompiledFunctionBackward
     assert dict(cpu["top_ops_ms_per_step"]) == {
         "aten::mm": pytest.approx(0.15), "CompiledFunctionBackward": pytest.approx(0.01)}
