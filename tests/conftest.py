@@ -75,12 +75,25 @@ def demo_forks(env: dict[str, str]) -> DemoForks | None:
     return DEMO_FORKS[0] if same_env(DEMO_FORKS[0].env, env) else None
 
 
+# What this process sets in its own environment as it runs, which a demo run sets for itself
+# too: Kineto's log level (harness.setup on a CPU, setdefault) and, on a first compile,
+# Inductor's cache folder (its default) and its own _TORCHINDUCTOR_* bookkeeping.
+SET_BY_THE_RUN = ("KINETO_LOG_LEVEL", "TORCHINDUCTOR_CACHE_DIR")
+SET_BY_THE_RUN_PREFIX = "_TORCHINDUCTOR_"
+
+
 def same_env(started: dict[str, str], now: dict[str, str]) -> bool:
     """Whether `now` is the environment `started` was, but for the name of the test pytest is
-    running (PYTEST_CURRENT_TEST, which it sets for each)."""
-    def without_test(env: dict[str, str]) -> dict[str, str]:
-        return {name: value for name, value in env.items() if name != "PYTEST_CURRENT_TEST"}
-    return without_test(started) == without_test(now)
+    running (PYTEST_CURRENT_TEST, which it sets for each) and what this process added to it as a
+    run would (SET_BY_THE_RUN): a test's own change to the environment is none of those."""
+    def added_by_the_run(name: str) -> bool:
+        return name not in started and (name in SET_BY_THE_RUN
+                                         or name.startswith(SET_BY_THE_RUN_PREFIX))
+
+    def kept(env: dict[str, str]) -> dict[str, str]:
+        return {name: value for name, value in env.items()
+                if name != "PYTEST_CURRENT_TEST" and not added_by_the_run(name)}
+    return kept(started) == kept(now)
 
 
 def close_demo_forks() -> None:

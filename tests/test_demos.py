@@ -13,7 +13,7 @@ import pytest
 
 from common import trace
 from tests.conftest import (DEMO_RUN_TIMEOUT_S, ROOT, assert_timing_is_consistent, demo_env,
-                            demo_forks, read_summary, run_demo, run_python)
+                            demo_forks, read_summary, run_demo, run_python, same_env)
 
 REQUIRED_SUMMARY_FIELDS = {
     "demo", "variant", "device", "device_name", "torch_version", "batch_size", "steps",
@@ -141,6 +141,19 @@ def test_a_fork_ends_a_script_as_python_does(tmp_path, ending):
     said = [[line for line in result.stderr.splitlines() if not line.startswith(" ")]
             for result in (fresh, forked)]
     assert said[0] == said[1] and said[0][-1] in ("Stop", "RuntimeError: the script fails")
+
+
+def test_the_fork_server_serves_an_environment_the_run_itself_added_to():
+    """What this process adds to its environment as a run would (Kineto's log level, Inductor's
+    cache folder and bookkeeping on a first compile) leaves the fork server in use: without it,
+    every later CPU run fell back to a fresh python. A test's own change does not, nor does a
+    change to a value the server started with."""
+    started = {"PATH": "/bin", "PYTEST_CURRENT_TEST": "a"}
+    assert same_env(started, {**started, "PYTEST_CURRENT_TEST": "b", "KINETO_LOG_LEVEL": "6",
+                              "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root",
+                              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR": "1407"})
+    assert not same_env(started, {**started, "CXX": "no-such-compiler"})
+    assert not same_env({**started, "KINETO_LOG_LEVEL": "2"}, {**started, "KINETO_LOG_LEVEL": "6"})
 
 
 def test_a_demo_run_on_the_cpu_forks_and_answers_as_a_fresh_python_does():
