@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ from common.metrics import (
     optimizer_metrics,
 )
 from common.syncs import host_syncs
-from common.trace_columns import TraceColumns, read_trace
+from common.trace_columns import DATALOADER_REGION, TraceColumns, read_trace
 from common.trace_steps import (
     BREAKDOWN_ROLES,
     US_PER_MS,
@@ -192,7 +192,7 @@ def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[fl
 
 # Where such a trace comes from, in both warnings that meet one.
 CUT_CYCLE_TRACE = ("a profiler that stops mid-cycle (a loop that ends in its schedule's warm-up "
-                   "or active steps) writes such a trace at exit, after the full one")
+                   "or active steps) writes such a trace at exit, after any full one")
 # A loop over a DataLoader ends in the call that finds it empty: a step of its own, holding only
 # that call, where the profiler still records (trace_steps.ends_the_loop).
 LOOP_END = ("a loop over a DataLoader ends in a call that finds it empty, which the profiler "
@@ -250,11 +250,22 @@ def newest_that_recorded(older: list[Path], newest: Path) -> Analysis | None:
     return None
 
 
+def without_calls_from(columns: TraceColumns, start: float) -> TraceColumns:
+    """`columns` less the DataLoader calls that start at `start` or later (the loop's end's: on
+    a GPU the window can run on past its start, to the last step's kernels)."""
+    before = columns.dataloader.start < start
+    kept = Spans(columns.dataloader.start[before], columns.dataloader.end[before])
+    return replace(columns, dataloader=kept, regions={**columns.regions, DATALOADER_REGION: kept})
+
+
 def analyze_file(trace_path: Path) -> Analysis:
     """Analyse the trace file at `trace_path`. Raises trace.TraceError for unreadable input."""
     columns = read_trace(trace_path)
 
     host = host_steps(columns)
+    loop_end = loop_end_warning(columns, host)
+    if host.size < columns.steps.size:  # the loop's end left out, and its DataLoader call too
+        columns = without_calls_from(columns, float(columns.steps.start[-1]))
     runtime_step = runtime_step_index(columns, host)
     steps = extend_steps(columns, host, runtime_step)
     window = (float(steps.start[0]), float(steps.end[-1]))
@@ -382,7 +393,6 @@ def analyze_file(trace_path: Path) -> Analysis:
     metrics["impossible_events"] = columns.impossible
     # A GPU run the profiler recorded without its GPU: said, and read as no GPU (no GPU rules).
     metrics["gpu_unrecorded_calls"] = unrecorded_calls
-    loop_end = loop_end_warning(columns, host)
     metrics["warnings"] = [line for line in (
         loop_end,
         (RECORDED_NOTHING_WARNING if metrics["recorded_nothing"]

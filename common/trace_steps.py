@@ -12,11 +12,13 @@ from common.syncs import step_index
 from common.trace_columns import DATALOADER_REGION, TraceColumns
 
 # Definitions (sources in common/README.md, "Analyzing a trace"):
-#   steps        ProfilerStep#N spans (none: the whole trace is one step), each extended to the end
-#                of the GPU work launched inside it (runtime call -> kernel by correlation id), the
-#                TensorBoard plugin's rule. The window runs from the first step's start to the last
-#                step's end; the host window over the ProfilerStep#N spans themselves (or the CPU
-#                extent), where the CPU ran its part of them: CPU-side facts are read there.
+#   steps        ProfilerStep#N spans (none: the whole trace is one step) but a last one that is the
+#                loop's end (ends_the_loop), each extended to the end of the GPU work launched
+#                inside it (runtime call -> kernel by correlation id), the TensorBoard plugin's
+#                rule.
+#                The window runs from the first step's start to the last step's end; the host
+#                window over the ProfilerStep#N spans themselves (or the CPU extent), where the CPU
+#                ran its part of them: CPU-side facts are read there.
 #   breakdown    each instant of a step goes to the first active of kernel > memcpy > memset >
 #                runtime > DataLoader > CPU Exec (operator spans only) > other (plugin Overview).
 
@@ -40,16 +42,29 @@ def host_steps(columns: TraceColumns) -> Spans:
 
 
 def ends_the_loop(columns: TraceColumns) -> bool:
-    """Whether the last ProfilerStep#N holds nothing but the DataLoader's calls: no operator,
-    runtime call, collective call or record_function range outside them. A loop over a
-    DataLoader ends in the call that finds it empty (StopIteration), in a step of its own that
-    the profiler's exit ends; no step of a model's work is that empty."""
-    if not columns.steps.size:
+    """Whether the last ProfilerStep#N is the loop's end: a loop over a DataLoader ends in the
+    call that finds it empty (StopIteration), in a step of its own that the profiler's exit ends.
+    It starts a DataLoader call and holds nothing outside such calls (only_loader_calls), behind
+    a step of the model's work; a step alone only if no operator runs in it at all (the call made
+    no batch). A loader timed alone (steps of DataLoader calls only) keeps its steps."""
+    steps = columns.steps
+    if not steps.size:
         return False
-    start, end = float(columns.steps.start[-1]), float(columns.steps.end[-1])
+    start, end = float(steps.start[-1]), float(steps.end[-1])
     loader = merge(columns.dataloader)
-    if not ((loader.start < end) & (loader.end > start)).any():
+    if not ((columns.dataloader.start >= start) & (columns.dataloader.start < end)).any():
         return False  # an empty step is no loop's end (analyze.recorded_nothing reads it)
+    if not only_loader_calls(columns, loader, start, end):
+        return False
+    if steps.size == 1:
+        return not ((columns.cpu_ops.start >= start) & (columns.cpu_ops.start < end)).any()
+    return any(not only_loader_calls(columns, loader, float(before), float(after))
+               for before, after in zip(steps.start[-2::-1], steps.end[-2::-1]))
+
+
+def only_loader_calls(columns: TraceColumns, loader: Spans, start: float, end: float) -> bool:
+    """Whether [start, end) holds no operator, runtime call, collective call or record_function
+    range but inside the merged DataLoader calls `loader`."""
     regions = [spans for name, spans in columns.regions.items() if name != DATALOADER_REGION]
     for spans in (columns.cpu_ops, columns.runtime, columns.collective_spans,
                   columns.collective_ops, columns.annotations, *regions):

@@ -430,9 +430,9 @@ def test_a_last_step_of_only_dataloader_calls_is_the_loops_end_and_left_out(tmp_
     result = analyze.analyze_trace(loader_steps_trace("loader", gpu).write(tmp_path / "end.json"))
     assert result["steps"] == 3 and not result["recorded_nothing"]
     assert result["warnings"][0].startswith("the last step (0.07 ms) is left out of the steps")
-    # On a GPU the window runs on to the third kernel's end: the loop's end is inside it.
-    assert result["dataloader_pct"] == pytest.approx(100 * (300 + 40 * gpu)
-                                                     / (3 * STEP_US + 100 * gpu))
+    # On a GPU the window runs on to the third kernel's end, past the loop's end: its DataLoader
+    # call, left out with it, is no share of the window.
+    assert result["dataloader_pct"] == pytest.approx(100 * 300 / (3 * STEP_US + 100 * gpu))
     if gpu:  # each step extended to its kernel's end (1100 µs in), the next starting there
         assert result["window_ms"] == pytest.approx(3.1)
         assert result["gpu"]["utilization_pct"] == pytest.approx(100 * 3 * 900 / 3100)
@@ -440,6 +440,26 @@ def test_a_last_step_of_only_dataloader_calls_is_the_loops_end_and_left_out(tmp_
         assert result["step_ms"]["p50"] == pytest.approx(STEP_US / 1000)
     kept = analyze.analyze_trace(loader_steps_trace("operator", gpu).write(tmp_path / "op.json"))
     assert kept["steps"] == 4 and kept["warnings"] == []
+
+
+def test_a_loader_timed_alone_keeps_its_steps(tmp_path):
+    """Steps of DataLoader calls alone (a loop that times the loader, collating in the training
+    process): no step of the model's work comes before the last, so it is no loop's end; and one
+    such step alone made a batch (its collate), so it records something."""
+    t = KinetoTrace()
+    for step in range(3):
+        t.step(step + 1, step * STEP_US, STEP_US)
+        t.dataloader(step * STEP_US, 900)
+        t.op("aten::stack", step * STEP_US + 10, 800)
+    result = analyze.analyze_trace(t.write(tmp_path / "loader.json"))
+    assert result["steps"] == 3 and result["warnings"] == []
+    assert "dataloader" in {found["id"] for found in result["findings"]}
+    one = KinetoTrace()
+    one.step(1, 0.0, STEP_US)
+    one.dataloader(0.0, 900)
+    one.op("aten::stack", 10, 800)
+    alone = analyze.analyze_trace(one.write(tmp_path / "one.json"))
+    assert alone["steps"] == 1 and not alone["recorded_nothing"]
 
 
 def test_a_middle_step_of_only_dataloader_calls_stays(tmp_path):
