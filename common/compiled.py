@@ -19,7 +19,7 @@ import re
 import numpy as np
 
 from common.idle_causes import is_compile_work, names_where, step_of
-from common.intervals import Spans, clip, covered_length, merge, union_in
+from common.intervals import Spans, concat, merge, minus, union_in
 from common.trace_columns import TraceColumns
 from common.trace_steps import US_PER_MS
 
@@ -79,11 +79,14 @@ def compiled_metrics(columns: TraceColumns, steps: Spans) -> dict | None:
     outer = outermost_regions(regions)
     region_ms = union_in(Spans(np.array([r["start"] for r in outer]),
                                np.array([r["end"] for r in outer])), low, high) if outer else 0.0
-    # The graphs' time less the compiling they hold (a backward compiles inside its first call).
-    graph_spans = clip(merge(Spans(ops.start[graph_call & in_window],
-                                   ops.end[graph_call & in_window])), low, high)
-    graphs = float((graph_spans.end - graph_spans.start).sum()
-                   - covered_length(compiling, graph_spans.start, graph_spans.end).sum())
+    # The graphs' time less the compiling they hold on their thread (a backward compiles inside
+    # its first call).
+    graph_parts = []
+    for each in np.unique(thread[graph_call & in_window]).tolist():
+        graph, held = graph_call & in_window & (thread == each), work & (thread == each)
+        graph_parts.append(minus(Spans(ops.start[graph], ops.end[graph]),
+                                 Spans(ops.start[held], ops.end[held])))
+    graphs = union_in(concat(*graph_parts), low, high) if graph_parts else 0.0
     eager_ms = union_in(Spans(ops.start[eager], ops.end[eager]), low, high) if eager.size else 0.0
 
     # Compiling inside the steps: the steps it falls in, and the compile ids it built.

@@ -68,3 +68,19 @@ def covered_length(merged: Spans, start: np.ndarray, end: np.ndarray) -> np.ndar
         return running[last] + np.where(index > 0, partial, 0.0)
 
     return covered_before(np.asarray(end, float)) - covered_before(np.asarray(start, float))
+
+
+def minus(a: Spans, b: Spans) -> Spans:
+    """The union of `a` less what the union of `b` covers, as sorted, disjoint intervals."""
+    a, b = merge(a), merge(b)
+    if not a.size or not b.size:
+        return a
+    points = np.unique(np.r_[a.start, a.end, b.start, b.end])
+    low, high = points[:-1], points[1:]
+    middle = (low + high) / 2
+
+    def inside(merged: Spans) -> np.ndarray:
+        k = np.searchsorted(merged.start, middle, side="right") - 1
+        return (k >= 0) & (middle < merged.end[np.maximum(k, 0)])
+    keep = inside(a) & ~inside(b)
+    return merge(Spans(low[keep], high[keep]))

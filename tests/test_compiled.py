@@ -286,7 +286,8 @@ def test_what_runs_inside_compiling_is_compiling_and_no_operators_own_time(tmp_p
     entire_backward_compile (no marker) holds a marked range, and inside that an unmarked one
     (inductor_compile) and tracing's operators. None is an operator; CompiledFunctionBackward's
     own time is its 10 µs outside them; an operator on another thread meanwhile stays one. Its
-    time in compiled graphs is those 10 µs too, not the compiling it holds."""
+    time in compiled graphs is those 10 µs too, not the compiling it holds; a later graph call's
+    100 µs count whole, though another thread compiles meanwhile."""
     built = KinetoTrace(vocabulary="current")
     built.step(1, START_US, 2 * STEP_US)
     built.op("aten::mm", START_US + 10, 100)
@@ -296,13 +297,16 @@ def test_what_runs_inside_compiling_is_compiling_and_no_operators_own_time(tmp_p
     built.op("inductor_compile", START_US + 207, 900)
     built.op("aten::empty_strided", START_US + 208, 1)
     built.op("aten::mm", START_US + 300, 50, tid=BACKGROUND_TID)
+    built.op("CompiledFunction", START_US + 1_300, 100)
+    built.op("_compile.compile_inner (dynamo_timed)", START_US + 1_300, 100, tid=BACKGROUND_TID)
     result = write(built, tmp_path)
-    assert result["compiled"]["graph_ms_per_step"] == pytest.approx(0.01)
-    assert result["compiled"]["compiling_ms"] == pytest.approx(1.0)  # entire_backward_compile
+    assert result["compiled"]["graph_ms_per_step"] == pytest.approx(0.11)
+    assert result["compiled"]["compiling_ms"] == pytest.approx(1.1)
     cpu = result["cpu"]
-    assert cpu["ops_per_step"] == 3  # two aten::mm and CompiledFunctionBackward
+    assert cpu["ops_per_step"] == 4  # two aten::mm and the two graph calls
     assert dict(cpu["top_ops_ms_per_step"]) == {
-        "aten::mm": pytest.approx(0.15), "CompiledFunctionBackward": pytest.approx(0.01)}
+        "aten::mm": pytest.approx(0.15), "CompiledFunction": pytest.approx(0.1),
+        "CompiledFunctionBackward": pytest.approx(0.01)}
 
 
 def test_compiling_in_a_cpu_step_is_no_operator(tmp_path):
