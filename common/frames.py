@@ -206,7 +206,16 @@ def frame_times(columns: TraceColumns, host_window: tuple[float, float],
     and callers are interned strings, so their ids stand for them)."""
     frames = columns.python
     low, high = host_window
-    inside = np.flatnonzero((frames.start >= low) & (frames.start < high))
+    in_window = (frames.start >= low) & (frames.start < high)
+    # The threads that run the steps' operators (the loop's, autograd's): a thread that runs none
+    # is no part of a step's time (a DataLoader queue's feeder thread sits in a lock's acquire
+    # the whole step: 165 % of one). Without an operator in the window, every thread.
+    ops = columns.cpu_ops
+    working = np.unique(columns.cpu_op_thread[(ops.start >= low) & (ops.start < high)]
+                        if columns.cpu_op_thread.size == ops.size else [])
+    if working.size:
+        in_window &= np.isin(columns.python_thread, working)
+    inside = np.flatnonzero(in_window)
     both = concat(Spans(frames.start[inside], frames.end[inside]), columns.cpu_ops)
     threads = np.r_[columns.python_thread[inside], columns.cpu_op_thread]
     self_us = self_time_us(both, threads)[:inside.size]

@@ -204,6 +204,27 @@ def test_user_time_is_the_users_frames_only(tmp_path):
     assert python["user_ms_per_step"] == pytest.approx(user_us / 1000)
 
 
+def test_hot_frames_are_the_threads_that_run_operators(tmp_path):
+    """A DataLoader with workers starts a queue feeder thread that waits in a lock's acquire the
+    whole step: its frame is no time of the step's (it read 165 % of one), so the hot frames are
+    those of the threads that run operators; once that thread runs one, its frames count."""
+    t = KinetoTrace()
+    for index in range(2):
+        at = T0 + index * STEP_US
+        t.step(index + 1, at, STEP_US)
+        t.span("python", "train.py(10): step", at, 900, CallFrom="train.py:40")
+        t.op("aten::mm", at + 100, 500)
+        t.span("python", "<built-in method acquire of _thread.lock object at 0x7f3a>", at + 1,
+               998, tid=99, CallFrom="threading.py:327")
+    hot = python_of(tmp_path, t)["hot_frames"]
+    assert [(f["frame"], f["self_ms_per_step"]) for f in hot] == [("train.py:10 step", 0.4)]
+    t.op("aten::add", T0 + 5, 1, tid=99)
+    hot = python_of(tmp_path, t)["hot_frames"]
+    assert {f["frame"] for f in hot} == {
+        "train.py:10 step", "<built-in method acquire of _thread.lock object> called at "
+        "threading.py:327"}
+
+
 def test_hot_frames_are_the_hottest_in_order(tmp_path):
     """Two frames more than HOT_FRAMES_SHOWN, one after another (none holds another: self time =
     duration), frame k lasting 10k µs, the coldest first in the trace: the list is the
