@@ -171,16 +171,16 @@ def several_gpus_warning(by_device: dict[str, float] | None) -> str | None:
 # --- The whole analysis. -------------------------------------------------------------------------
 
 def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[float, float],
-                     regions) -> bool:
+                     regions, loop_end_alone: bool) -> bool:
     """Whether the steps hold nothing a rule reads: no PyTorch operator, no GPU work, no
     DataLoader span, collective call or host region; or the one step is the loop's end
-    (trace_steps.ends_the_loop). The profiler writes such a trace when it stops mid-cycle (a loop
+    (`loop_end_alone`: trace_steps.ends_the_loop). The profiler writes such a trace when it stops mid-cycle (a loop
     that ends in a schedule's warm-up or active steps: at exit it records the cut cycle's step),
     beside the full trace before it."""
     def meets(spans: Spans, lo: float, hi: float) -> bool:
         return bool(((spans.end > lo) & (spans.start < hi)).any())
 
-    if columns.steps.size == 1 and ends_the_loop(columns):
+    if loop_end_alone:
         return True  # its DataLoader span is the loop's end, no batch of the run's
     ours = operators(columns)  # not the harness's regions written as operators
     host = (Spans(columns.cpu_ops.start[ours], columns.cpu_ops.end[ours]), columns.dataloader,
@@ -202,13 +202,13 @@ LOOP_END_ALONE_WARNING = (
     f"read: no verdicts ({LOOP_END}; {CUT_CYCLE_TRACE})")
 
 
-def loop_end_warning(columns, host: Spans) -> str | None:
+def loop_end_warning(columns, host: Spans, loop_end_alone: bool) -> str | None:
     """The warning for a trace whose last step is the loop's end: left out of the steps behind
     others (host_steps), or the trace's only step; None for any other trace."""
-    if not (columns.steps.size and ends_the_loop(columns)):
-        return None
-    if host.size == columns.steps.size:
+    if loop_end_alone:
         return LOOP_END_ALONE_WARNING
+    if host.size >= columns.steps.size:  # none left out (no ProfilerStep#N: one, the trace)
+        return None
     cut_ms = float(columns.steps.end[-1] - columns.steps.start[-1]) / US_PER_MS
     return (f"the last step ({cut_ms:.2f} ms) is left out of the steps: it holds only the "
             f"DataLoader's calls, the loop's end ({LOOP_END})")
@@ -263,7 +263,8 @@ def analyze_file(trace_path: Path) -> Analysis:
     columns = read_trace(trace_path)
 
     host = host_steps(columns)
-    loop_end = loop_end_warning(columns, host)
+    loop_end_alone = columns.steps.size == 1 and ends_the_loop(columns)
+    loop_end = loop_end_warning(columns, host, loop_end_alone)
     if host.size < columns.steps.size:  # the loop's end left out, and its DataLoader call too
         columns = without_calls_from(columns, float(columns.steps.start[-1]))
     runtime_step = runtime_step_index(columns, host)
@@ -387,7 +388,8 @@ def analyze_file(trace_path: Path) -> Analysis:
     metrics["initialization"] = (initialization_regime(columns, host, steps)
                                  if has_gpu or not gpu_run else None)
     # Steps with no operator and no GPU work in them: every share would be of nothing.
-    metrics["recorded_nothing"] = recorded_nothing(columns, window, host_window, regions)
+    metrics["recorded_nothing"] = recorded_nothing(columns, window, host_window, regions,
+                                                   loop_end_alone)
     metrics["findings"] = [] if metrics["recorded_nothing"] else findings_for(metrics)
     # Events the profiler wrote that cannot be true, left out of every number above, by kind.
     metrics["impossible_events"] = columns.impossible
@@ -395,8 +397,8 @@ def analyze_file(trace_path: Path) -> Analysis:
     metrics["gpu_unrecorded_calls"] = unrecorded_calls
     metrics["warnings"] = [line for line in (
         loop_end,
-        (RECORDED_NOTHING_WARNING if metrics["recorded_nothing"]
-         and loop_end != LOOP_END_ALONE_WARNING else None),
+        (RECORDED_NOTHING_WARNING if metrics["recorded_nothing"] and not loop_end_alone
+         else None),
         sanity.warning_line(columns.impossible),
         initialization_regime_warning(metrics["initialization"]),
         gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"]),

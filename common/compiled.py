@@ -21,7 +21,7 @@ import numpy as np
 from common.idle_causes import is_compile_work, names_where, step_of
 from common.intervals import Spans, concat, merge, minus, union_in
 from common.trace_columns import TraceColumns
-from common.trace_steps import US_PER_MS
+from common.trace_steps import US_PER_MS, op_threads
 
 REGION_NAME = re.compile(r"^Torch-Compiled Region(?:: !?(?:\d+/)?(\d+)/(\d+))?")
 # Calls that run a compiled graph (forward, backward, inference) and Dynamo's work around one, on
@@ -115,13 +115,6 @@ def compiled_metrics(columns: TraceColumns, steps: Spans) -> dict | None:
         "compiling_steps": compile_steps,
         "compiled_in_steps": [f"{frame}/{cid}" for frame, cid in sorted(built)],
     }
-
-
-def op_threads(columns: TraceColumns) -> np.ndarray:
-    """Each operator's thread (one thread where the reader kept none)."""
-    if columns.cpu_op_thread.size:
-        return columns.cpu_op_thread
-    return np.zeros(columns.cpu_op_names.size, np.int64)
 
 
 def region_flags(columns: TraceColumns) -> tuple[np.ndarray, ...]:

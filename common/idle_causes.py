@@ -12,7 +12,7 @@ import numpy as np
 from common.intervals import Spans, concat, covered_length, merge, union_in
 from common.syncs import gap_of
 from common.trace_columns import TraceColumns, is_collective_kernel
-from common.trace_steps import US_PER_MS, gpu_ops, launching_call
+from common.trace_steps import US_PER_MS, gpu_ops, launching_call, op_threads
 
 # Definitions (sources in common/README.md, "Analyzing a trace"):
 #   host regions record_function ranges that are host work: while one is open no GPU work is
@@ -125,8 +125,7 @@ def compiling_operators(columns: TraceColumns) -> np.ndarray:
     compiling = names_where(columns.cpu_op_names, is_compile_work)
     if not compiling.any():
         return compiling
-    thread = (columns.cpu_op_thread if columns.cpu_op_thread.size
-              else np.zeros(ops.size, np.int64))
+    thread = op_threads(columns)
     inside = compiling.copy()
     for each in np.unique(thread[compiling]).tolist():
         ranges = compiling & (thread == each)

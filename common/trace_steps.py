@@ -76,6 +76,13 @@ def only_loader_calls(columns: TraceColumns, loader: Spans, start: float, end: f
     return True
 
 
+def op_threads(columns: TraceColumns) -> np.ndarray:
+    """Each operator's thread (one thread where the reader kept none)."""
+    if columns.cpu_op_thread.size:
+        return columns.cpu_op_thread
+    return np.zeros(columns.cpu_op_names.size, np.int64)
+
+
 def runtime_step_index(columns: TraceColumns, steps: Spans) -> np.ndarray:
     """For each runtime call, the host step that wholly contains it (-1: none)."""
     return step_index(steps, columns.runtime)

@@ -729,7 +729,7 @@ def compiled_regions(columns) -> list[dict]:
     compile id, start, end, and its own eager operators): the same definition the analyzer sums
     over the recorded steps, here over the whole trace (the figure clips to its window)."""
     region, covers, _, _ = compiled.region_flags(columns)
-    return compiled.read_regions(columns, region, covers, compiled.op_threads(columns))
+    return compiled.read_regions(columns, region, covers, trace_steps.op_threads(columns))
 
 
 def region_label(region: dict) -> str:
