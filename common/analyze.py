@@ -202,6 +202,14 @@ LOOP_END_ALONE_WARNING = (
     f"read: no verdicts ({LOOP_END}; {CUT_CYCLE_TRACE})")
 
 
+# Where a trace's steps come from (result["steps_from"]; trace_steps.host_steps): ProfilerStep#N,
+# else optimizer.step() calls, else the whole trace is one step.
+STEPS_FROM_WORDS = {
+    "profiler_step": "",
+    "optimizer_step": " (no ProfilerStep#N: each ends where an optimizer.step() does)",
+    "whole_trace": " (no ProfilerStep#N: the whole trace)"}
+
+
 def loop_end_warning(columns, host: Spans, loop_end_alone: bool) -> str | None:
     """The warning for a trace whose last step is the loop's end: left out of the steps behind
     others (host_steps), or the trace's only step; None for any other trace."""
@@ -337,6 +345,10 @@ def analyze_file(trace_path: Path) -> Analysis:
         # null without shapes): tells a small batch from many small ops (input_batch_of).
         "input_batch": float(np.median(layer_batches)) if layer_batches.size else None,
         "steps_named": bool(columns.steps.size),
+        # Where the steps come from: ProfilerStep#N, optimizer.step() calls (a trace without a
+        # schedule, trace_steps.optimizer_steps) or the whole trace, one step.
+        "steps_from": ("profiler_step" if columns.steps.size
+                       else "optimizer_step" if host.size > 1 else "whole_trace"),
         # The optimizer region (null without one) and attention's shapes and operators.
         "optimizer": optimizer_metrics(columns, window, n_steps, host_window=host_window),
         "attention": attention_metrics(columns, host_window, n_steps),
@@ -535,7 +547,7 @@ def format_human(result: dict) -> str:
              + ("" if result["gpu"] else " - the GPU's activity was not recorded (below)"
                 if result.get("gpu_unrecorded_calls") else " - no GPU activity in the trace"),
              f"steps        {result['steps']}"
-             + ("" if result["steps_named"] else " (no ProfilerStep#N: the whole trace)")
+             + STEPS_FROM_WORDS[result["steps_from"]]
              + f", step time mean {step['mean']:.1f} ms, p50 {step['p50']:.1f} ms, "
                f"p95 {step['p95']:.1f} ms",
              f"DataLoader   {result['dataloader_pct']:.1f} % of the steps"

@@ -416,7 +416,7 @@ def initialization_regime(columns: TraceColumns, host: Spans, steps: Spans) -> d
     steady_pct = 100.0 * (high - ends_at) / span if ends_at is not None else 0.0
     mostly = pct >= INIT_MOSTLY_MIN_PCT
     first_steady = None
-    if ends_at is not None and columns.steps.size:
+    if ends_at is not None and host.size > 1:
         later = np.flatnonzero(host.start >= ends_at)
         first_steady = int(later[0]) if later.size else None
     one_step = host.size == 1

@@ -274,7 +274,7 @@ def gpu_metrics(columns: TraceColumns, window: tuple[float, float], n_steps: int
                 syncs: HostSyncs | None = None,
                 copied: tuple[np.ndarray, np.ndarray] | None = None,
                 regions: HostRegions | None = None) -> dict:
-    """`steps`: the host steps (ProfilerStep#N, or the whole trace), for the syncs recorded only as
+    """`steps`: the host steps (trace_steps.host_steps), for the syncs recorded only as
     cuda_sync events; without them those count where they lie in the window. `syncs` (host_syncs)
     and `copied` (copy_calls), where the caller has them already; `regions` (host_regions): the
     host regions, causes of idle time by name."""

@@ -9,11 +9,12 @@ import numpy as np
 
 from common.intervals import Spans, clip, concat, covered_length, merge
 from common.syncs import step_index
-from common.trace_columns import DATALOADER_REGION, TraceColumns
+from common.trace_columns import BACKWARD_MARKER, DATALOADER_REGION, OPTIMIZER_REGION, TraceColumns
 
 # Definitions (sources in common/README.md, "Analyzing a trace"):
-#   steps        ProfilerStep#N spans (none: the whole trace is one step) but a last one that is the
-#                loop's end (ends_the_loop), each extended to the end of the GPU work launched
+#   steps        ProfilerStep#N spans but a last one that is the loop's end (ends_the_loop); without
+#                them, the training iterations that optimizer.step() calls end (optimizer_steps);
+#                without those, the whole trace is one step. Each is extended to the end of the GPU work launched
 #                inside it (runtime call -> kernel by correlation id), the TensorBoard plugin's
 #                rule.
 #                The window runs from the first step's start to the last step's end; the host
@@ -30,15 +31,55 @@ BREAKDOWN_ROLES = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_e
 
 # --- Steps and their extension to the GPU work they launched. ----------------------------------
 
+# A profile() without a schedule records no ProfilerStep#N, prof.step() or not (torch.profiler
+# marks steps only under a schedule): the first thing a new user records. torch.optim still
+# wraps every optimizer.step() in "Optimizer.step#<class>.step", and that call ends a training
+# iteration as prof.step() after it would: the steps are cut there (optimizer_steps). Counted as
+# one step, three iterations read as one three times as long, and every per-step count (syncs,
+# graph breaks, compiled regions) three times as high.
+OPTIMIZER_STEPS_MIN = 2  # optimizer.step() calls; one call's step would be the whole trace again
+
+
 def host_steps(columns: TraceColumns) -> Spans:
     """ProfilerStep#N spans, less a last one that is the loop's end (ends_the_loop) behind
-    others; with none, the whole trace (its CPU side) is one step."""
+    others; with none, the steps the optimizer's calls end (optimizer_steps); with neither, the
+    whole trace (its CPU side) is one step."""
     if columns.steps.size > 1 and ends_the_loop(columns):
         return Spans(columns.steps.start[:-1], columns.steps.end[:-1])
     if columns.steps.size:
         return columns.steps
+    by_optimizer = optimizer_steps(columns)
+    if by_optimizer.size:
+        return by_optimizer
     low, high = columns.cpu_extent or columns.all_extent
     return Spans(np.array([low]), np.array([high]))
+
+
+def optimizer_steps(columns: TraceColumns) -> Spans:
+    """A trace without ProfilerStep#N cut into training iterations, each ending where an
+    optimizer step ends: the first from the trace's start (its CPU side), each later one from the
+    end of the one before; what runs after the last optimizer step (an iteration cut short, the
+    loop's end) is in no step. Optimizer calls with no backward operator between them (two
+    optimizers stepped one after the other) end one iteration; with gradient accumulation an
+    iteration holds its micro-batches. Empty with fewer than OPTIMIZER_STEPS_MIN iterations."""
+    calls = merge(columns.regions[OPTIMIZER_REGION])  # the harness's region holds torch.optim's
+    if calls.size < OPTIMIZER_STEPS_MIN:
+        return Spans.empty()
+    names = columns.cpu_op_names
+    _, first, codes = np.unique(np.fromiter(map(id, names), np.int64, names.size),
+                                return_index=True, return_inverse=True)
+    backward_name = np.fromiter((BACKWARD_MARKER in name for name in names[first]), bool,
+                                first.size)
+    backward_start = np.sort(columns.cpu_ops.start[backward_name[codes.ravel()]])
+    ends = calls.end
+    if backward_start.size:  # an iteration ends at the last call before the next backward pass
+        between = (np.searchsorted(backward_start, calls.start[1:])
+                   - np.searchsorted(backward_start, calls.end[:-1], side="right"))
+        ends = calls.end[np.r_[between > 0, True]]
+    if ends.size < OPTIMIZER_STEPS_MIN:
+        return Spans.empty()
+    low, _ = columns.cpu_extent or columns.all_extent
+    return Spans(np.r_[min(low, float(calls.start[0])), ends[:-1]], ends.copy())
 
 
 def ends_the_loop(columns: TraceColumns) -> bool:

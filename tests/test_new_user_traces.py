@@ -519,3 +519,101 @@ def test_a_broken_older_trace_in_the_folder_does_not_stop_the_newest(tmp_path, c
     assert analyze.main([str(tmp_path)]) == 0
     assert f"trace        {good}" in capsys.readouterr().out
     assert analyze.main([str(broken)]) == 2  # alone, it is still the one-line error
+
+
+# --- No schedule: no ProfilerStep#N, the steps the optimizer's calls end. ----------------------
+
+def unscheduled_trace(iterations: int = 3, optimizers: int = 1, micro_batches: int = 1,
+                      gpu: bool = False) -> KinetoTrace:
+    """A loop recorded under `with profile():` with no schedule, hence no ProfilerStep#N: each
+    1000 µs iteration a DataLoader call (0..100 µs, its collate from 10 µs), `micro_batches`
+    forward and backward operators, then `optimizers` optimizer steps (the last ending at 900 µs),
+    each with its operator, on a GPU each backward with a kernel and a sync; after the loop, its
+    end (a DataLoader call at 3000 µs)."""
+    t = KinetoTrace()
+    if gpu:
+        t.gpu()
+    for i in range(iterations):
+        at = i * STEP_US
+        t.dataloader(at, 100)
+        t.op("aten::stack", at + 10, 80)
+        for k in range(micro_batches):
+            begins = at + 100 + k * 600 / micro_batches
+            t.op("aten::linear", begins, 100 / micro_batches)
+            t.op("autograd::engine::evaluate_function: AddmmBackward0",
+                 begins + 200 / micro_batches, 200 / micro_batches)
+            if gpu:
+                t.launch(begins + 210 / micro_batches, 5, begins + 220 / micro_batches, 50)
+                t.runtime("cudaStreamSynchronize", begins + 300 / micro_batches, 10)
+        for k in range(optimizers):
+            begins = at + 910 - (optimizers - k) * 100  # 10 µs apart
+            t.region("Optimizer.step#SGD.step", begins, 90)
+            t.op("aten::add_", begins + 10, 70)
+    t.dataloader(iterations * STEP_US, 40)
+    return t
+
+
+def test_without_a_schedule_each_optimizer_step_ends_a_step(tmp_path, capsys):
+    """Three iterations read as three steps: the first from the trace's start (its first
+    operator, 10 µs) to its optimizer step's end (900 µs), each later one from there to its own
+    (1000 µs); the loop's end after the last is in none. Read as one step, the steps' every per-step count was three times too high."""
+    path = unscheduled_trace(gpu=True).write(tmp_path / "t.json")
+    result = analyze.analyze_trace(path)
+    assert result["steps"] == 3 and result["steps_from"] == "optimizer_step"
+    assert not result["steps_named"]
+    assert result["window_ms"] == pytest.approx(2.89)
+    assert result["step_ms"]["p50"] == pytest.approx(1.0)
+    assert result["gpu"]["syncs_per_step"] == pytest.approx(1.0)
+    assert result["dataloader_pct"] == pytest.approx(100 * 290 / 2890)  # not the loop's end
+    assert analyze.main([str(path)]) == 0
+    assert ("steps        3 (no ProfilerStep#N: each ends where an optimizer.step() does)"
+            in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("optimizers, micro_batches", [(2, 1), (1, 2)],
+                         ids=["two-optimizers", "accumulation"])
+def test_optimizer_calls_with_no_backward_between_end_one_step(tmp_path, optimizers,
+                                                                micro_batches):
+    """Two optimizers stepped one after the other end one iteration, not two; with gradient
+    accumulation (two backward passes per optimizer step) an iteration holds both."""
+    built = unscheduled_trace(optimizers=optimizers, micro_batches=micro_batches)
+    result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
+    assert result["steps"] == 3 and result["step_ms"]["p50"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("iterations", [0, 1])
+def test_fewer_than_two_optimizer_steps_leave_the_whole_trace_one_step(tmp_path, iterations):
+    """One optimizer step (or none: inference) cuts nothing: the whole trace is the step."""
+    built = unscheduled_trace(iterations=max(iterations, 1))
+    if not iterations:
+        built.events = [event for event in built.events
+                        if not event["name"].startswith("Optimizer.step#")]
+    result = analyze.analyze_trace(built.write(tmp_path / "t.json"))
+    assert result["steps"] == 1 and result["steps_from"] == "whole_trace"
+    assert result["window_ms"] == pytest.approx(0.88)  # its operators' extent, as before
+
+
+def test_a_profile_without_a_schedule_is_read_by_its_optimizer_steps(tmp_path):
+    """torch.profiler records no ProfilerStep#N without a schedule, prof.step() or not: three
+    iterations of a training loop read as three steps, each ending with its Optimizer.step#."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(3):
+            model(torch.randn(8, 64)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            profiler.step()
+    path = tmp_path / "t.json"
+    profiler.export_chrome_trace(str(path))
+    columns = analyze.read_trace(path)
+    assert columns.steps.size == 0
+    result = analyze.analyze_trace(path)
+    assert result["steps"] == 3 and result["steps_from"] == "optimizer_step"
+    calls = columns.regions["optimizer"]
+    assert calls.size == 3
+    first = columns.cpu_extent[0]
+    assert result["window_ms"] == pytest.approx((float(calls.end[-1]) - first) / 1000)
