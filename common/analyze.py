@@ -32,6 +32,7 @@ from common.host_ops import (
 )
 from common.idle_causes import (
     IDLE_CAUSES,
+    compiling_operators,
     host_region_metrics,
     host_regions,
     initialization_regime,
@@ -373,7 +374,8 @@ def analyze_file(trace_path: Path) -> Analysis:
     # host_overhead verdict's evidence (read only where that rule can fire: a self-time pass).
     metrics["host_operators"] = None
     if has_gpu and host_starved(metrics):
-        by_time = time_by_name(columns, window, n_steps, host_window=host_window).operators
+        by_time = time_by_name(columns, window, n_steps, host_window=host_window,
+                               compiling=compiling_operators(columns)).operators
         metrics["host_operators"] = [
             (name, ms) for name, (ms, _) in sorted(by_time.items(), key=lambda item: -item[1][0])
         ][:HOST_OVERHEAD_OPERATORS_SHOWN]

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from common import analyze, ladder, recorded, trace
+from common.idle_causes import compiling_operators
 from common.trace_steps import BREAKDOWN_ROLES, TimeByName, time_by_name
 
 VARIANTS = ("bad", "fixed")  # a demo's two runs
@@ -262,7 +263,9 @@ def side_by_side(runs: dict, title: str, keep_detail: bool) -> dict:
     labels = tuple(runs)
     details = [runs[label]["detail"] for label in labels]
     changed = what_changed(*(time_by_name(d.columns, d.window, d.steps.size,
-                                          host_window=d.host_window) for d in details),
+                                          host_window=d.host_window,
+                                          compiling=compiling_operators(d.columns))
+                             for d in details),
                            labels=labels)
     frames = frames_changed(details, labels)
     if frames is not None:
@@ -404,9 +407,10 @@ def what_changed(bad: TimeByName, fixed: TimeByName,
     trace_diff, per step): name, ms per step and calls per step in each (0 where a name is
     absent), keyed by `labels` ("bad_ms_per_step", or "before_..." for any two runs). Operator
     times are self times (trace_steps.self_time_us: the operators a parent holds on its thread are
-    taken off its time); kernels are those the recorded steps ran (trace_steps.kernels_of_steps)."""
+    taken off its time); kernels are those the recorded steps ran (trace_steps.kernels_of_steps);
+    compiling is torch.compile's ranges and what they hold, by self time (no operator)."""
     return {kind: changed_rows(getattr(bad, kind), getattr(fixed, kind), labels)
-            for kind in ("operators", "kernels")}
+            for kind in ("operators", "kernels", "compiling")}
 
 
 def changed_rows(before: dict, after: dict, labels: tuple[str, str]) -> list[dict]:
@@ -673,7 +677,8 @@ def what_changed_rows(changed: dict, labels: tuple[str, str] = VARIANTS
     """(kind, name, bad ms/step, fixed ms/step, calls/step bad -> fixed) as text."""
     old, new = labels
     rows = []
-    for kind, label in (("operators", "operator"), ("kernels", "kernel"), ("frames", "python")):
+    for kind, label in (("operators", "operator"), ("kernels", "kernel"),
+                        ("compiling", "compiling"), ("frames", "python")):
         for row in changed.get(kind, []):
             rows.append((label, short_name(row["name"], keep_end=label == "python"),
                          f"{row[f'{old}_ms_per_step']:.2f}",
@@ -721,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                              "profiler_overhead_ratio and gpu_busy_ratio (the GPU's "
                              "busy time a recorded step over the timed step p50) per run, "
                              "step_parts_ms per run, "
-                             "still_bounds, what_changed (operators and kernels), warnings")
+                             "still_bounds, what_changed (operators, kernels, compiling), warnings")
     flags = parser.parse_args(argv)
     if len(flags.paths) > 2:
         parser.error(f"one DEMO_DIR or two runs (BEFORE AFTER), not {len(flags.paths)} paths")

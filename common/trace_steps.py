@@ -207,9 +207,12 @@ class TimeByName:
     """Time (ms per step) and calls per step of each name, for what started inside the steps:
     CPU operators (in the host window) by self time (less the operators they hold on their
     thread, as the profiler's "Self CPU" column: a chain aten::linear > aten::addmm does not
-    count twice) and GPU kernels (in the window)."""
+    count twice) and GPU kernels (in the window). torch.compile's compiling (its ranges and the
+    operators it runs inside them while tracing) is `compiling`, by the same self time: no
+    operator, as the CPU line has it."""
     operators: dict[str, tuple[float, float]]
     kernels: dict[str, tuple[float, float]]
+    compiling: dict[str, tuple[float, float]]
 
 
 def per_name(codes: np.ndarray, names: list, duration_us: np.ndarray,
@@ -278,21 +281,30 @@ def kernels_of_steps(columns: TraceColumns, window: tuple[float, float],
 
 
 def time_by_name(columns: TraceColumns, window: tuple[float, float], n_steps: int, *,
-                 host_window: tuple[float, float]) -> TimeByName:
-    """Operators' self time in the host window, per name and step; kernels' time per name and
-    step, of the kernels the recorded steps ran (kernels_of_steps)."""
+                 host_window: tuple[float, float], compiling: np.ndarray) -> TimeByName:
+    """Operators' self time in the host window, per name and step, those `compiling` marks
+    (idle_causes.compiling_operators) apart; kernels' time per name and step, of the kernels the
+    recorded steps ran (kernels_of_steps)."""
     low, high = host_window
     ops = columns.cpu_ops
     self_us = self_time_us(ops, columns.cpu_op_thread)
     in_window = (ops.start >= low) & (ops.start < high)
-    # Names are interned strings (trace_columns.read_cpu_group): grouping by identity is grouping
-    # by name, without sorting Python strings.
-    op_names = columns.cpu_op_names[in_window]
-    _, first, codes = np.unique(np.fromiter(map(id, op_names), np.int64, op_names.size),
-                                return_index=True, return_inverse=True)
-    operators = per_name(codes.ravel(), list(op_names[first]), self_us[in_window], n_steps)
+    operators, compiled = (ops_by_name(columns, self_us, in_window & (compiling == marked),
+                                       n_steps) for marked in (False, True))
     in_window = kernels_of_steps(columns, window, host_window)
     kernels = columns.kernels
     return TimeByName(operators, per_name(columns.kernel_name_id[in_window],
                                           columns.kernel_name_table,
-                                          (kernels.end - kernels.start)[in_window], n_steps))
+                                          (kernels.end - kernels.start)[in_window], n_steps),
+                      compiled)
+
+
+def ops_by_name(columns: TraceColumns, self_us: np.ndarray, keep: np.ndarray,
+                n_steps: int) -> dict[str, tuple[float, float]]:
+    """The kept operators' self time and calls per name and step."""
+    # Names are interned strings (trace_columns.read_cpu_group): grouping by identity is grouping
+    # by name, without sorting Python strings.
+    op_names = columns.cpu_op_names[keep]
+    _, first, codes = np.unique(np.fromiter(map(id, op_names), np.int64, op_names.size),
+                                return_index=True, return_inverse=True)
+    return per_name(codes.ravel(), list(op_names[first]), self_us[keep], n_steps)

@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 
 from common import (analyze, compare, compiled, intervals, ladder, recorded, report,  # noqa: E402
                     syncs, trace, trace_steps)
-from common.idle_causes import names_where  # noqa: E402
+from common.idle_causes import compiling_operators, names_where  # noqa: E402
 from common.intervals import Spans  # noqa: E402
 from common.kernel_names import ATTENTION_PATTERN, uses_tensor_cores  # noqa: E402
 from common.trace_columns import DATALOADER_REGION  # noqa: E402
@@ -513,7 +513,8 @@ def operator_calls(run: Run, prefix: str) -> float:
     changed" counts them (trace_steps.time_by_name)."""
     analysis = run.analysis
     times = trace_steps.time_by_name(analysis.columns, analysis.window, analysis.steps.size,
-                                     host_window=analysis.host_window)
+                                     host_window=analysis.host_window,
+                                     compiling=compiling_operators(analysis.columns))
     return sum(calls for name, (_, calls) in times.operators.items() if name.startswith(prefix))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import analyze, trace_steps
+from common import analyze, idle_causes, trace_steps
 from tests.kineto_builder import KinetoTrace
 
 T0 = 1_000_000.0  # µs: the first host step
@@ -95,13 +95,15 @@ def test_what_changed_reads_operators_in_the_host_steps(tmp_path):
     analysis = analyze.analyze(gpu_bound_trace().write(tmp_path / "t.pt.trace.json"))
     n_steps = analysis.steps.size
     by_name = trace_steps.time_by_name(analysis.columns, analysis.window, n_steps,
-                                   host_window=analysis.host_window)
+                                   host_window=analysis.host_window,
+                                   compiling=idle_causes.compiling_operators(analysis.columns))
     assert by_name.operators["aten::softmax"] == pytest.approx((0.020, 1.0))
     assert by_name.operators["aten::mul_"] == pytest.approx((OPTIMIZER_OPS * 0.005,
                                                              OPTIMIZER_OPS))
     # The same operators, looked for in the window that follows the GPU: none are there.
     in_window = trace_steps.time_by_name(analysis.columns, analysis.window, n_steps,
-                                     host_window=analysis.window)
+                                     host_window=analysis.window,
+                                     compiling=idle_causes.compiling_operators(analysis.columns))
     assert "aten::softmax" not in in_window.operators
     # Each step launched its two kernels (the model's, then the optimizer's) inside the window.
     assert sum(calls for _, calls in by_name.kernels.values()) == pytest.approx(2.0)

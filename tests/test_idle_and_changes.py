@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -290,3 +291,34 @@ def test_kernels_left_from_before_the_recording_are_not_the_steps(tmp_path, caps
         assert (row["bad_ms_per_step"], row["fixed_ms_per_step"]) == (
             pytest.approx(ms), pytest.approx(ms)), name
         assert row["bad_calls_per_step"] == row["fixed_calls_per_step"] == calls, name
+
+
+def test_compiling_changes_apart_from_the_operators(tmp_path, capsys):
+    """A compiled step's first run against a warm one. The cold first step compiles on its
+    thread: Dynamo's `dynamo` range (500 µs) holds `inductor_compile` (300 µs, unmarked, as
+    torch 2.14 writes it), which holds the fake-tensor aten::mm it traces (100 µs). What changed
+    lists them under their own kind by self time (200, 200 and 100 µs over 2 steps), none as an
+    operator: the CPU line counts none of them either."""
+    def compiled_steps(cold: bool) -> KinetoTrace:
+        t = KinetoTrace()
+        for index in range(2):
+            at = T0 + index * 1000
+            t.step(index + 1, at, 1000)
+            t.op("aten::addmm", at + 10, 80)
+            if cold and index == 0:
+                t.op("dynamo", at + 100, 500)
+                t.op("inductor_compile", at + 150, 300)
+                t.op("aten::mm", at + 200, 100)
+        return t
+    cold, warm = (compiled_steps(cold).write(tmp_path / f"{name}.json")
+                  for cold, name in ((True, "cold"), (False, "warm")))
+    assert compare.main([str(cold), str(warm), "--json"]) == 0
+    changed = json.loads(capsys.readouterr().out)["what_changed"]
+    assert [row["name"] for row in changed["operators"]] == ["aten::addmm"]
+    assert [(row["name"], row["before_ms_per_step"], row["after_ms_per_step"])
+            for row in changed["compiling"]] == [("dynamo", pytest.approx(0.1), 0.0),
+                                                 ("inductor_compile", pytest.approx(0.1), 0.0),
+                                                 ("aten::mm", pytest.approx(0.05), 0.0)]
+    assert compare.main([str(cold), str(warm)]) == 0
+    assert re.search(r"^  compiling +inductor_compile +0\.10 +0\.00", capsys.readouterr().out,
+                     re.MULTILINE)

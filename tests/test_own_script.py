@@ -14,6 +14,7 @@ import pytest
 
 from common import analyze, compare, harness
 from common.runs import PROFILE_ACTIVE_STEPS
+from common.idle_causes import compiling_operators
 from common.trace_steps import BREAKDOWN_ROLES, time_by_name
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.kineto_builder import KinetoTrace, simulate_training
@@ -92,7 +93,8 @@ def test_compare_reads_the_two_own_runs(own_runs, capsys):
     for label, calls in (("before", 0.0), ("after", 1.0)):
         detail = analyze.analyze(runs / label)
         operators = time_by_name(detail.columns, detail.window, detail.steps.size,
-                                 host_window=detail.host_window).operators
+                                 host_window=detail.host_window,
+                                 compiling=compiling_operators(detail.columns)).operators
         assert operators.get("aten::_fused_adamw_", (0.0, 0.0))[1] == pytest.approx(calls)
 
 
