@@ -175,9 +175,10 @@ def recorded_nothing(columns, window: tuple[float, float], host_window: tuple[fl
                      regions, loop_end_alone: bool) -> bool:
     """Whether the steps hold nothing a rule reads: no PyTorch operator, no GPU work, no
     DataLoader span, collective call or host region; or the one step is the loop's end
-    (`loop_end_alone`: trace_steps.ends_the_loop). The profiler writes such a trace when it stops mid-cycle (a loop
-    that ends in a schedule's warm-up or active steps: at exit it records the cut cycle's step),
-    beside the full trace before it."""
+    (`loop_end_alone`: trace_steps.ends_the_loop). The profiler writes such a trace when it stops
+    mid-cycle (a loop that ends in a schedule's warm-up or active steps: at exit it records the
+    cut cycle's step), beside the full trace before it; without a schedule, when the code ran on
+    threads it does not record."""
     def meets(spans: Spans, lo: float, hi: float) -> bool:
         return bool(((spans.end > lo) & (spans.start < hi)).any())
 
@@ -225,6 +226,16 @@ RECORDED_NOTHING_WARNING = (
     f"the steps hold no PyTorch operator, GPU work, DataLoader span, collective call or host "
     f"region, so no rule has anything to read: no verdicts. {CUT_CYCLE_TRACE.capitalize()}; or "
     f"the steps ran no PyTorch code")
+# Without ProfilerStep#N no schedule cut the trace short: the code ran elsewhere. The profiler's
+# operator callbacks are thread-local, so a model served from a thread pool's threads records no
+# operator (a ThreadPoolExecutor of 2 ran ResNet-18 4 times under profile(): 7 events, none an
+# operator; with profile_all_threads, its operators on both threads).
+RECORDED_NOTHING_UNSCHEDULED_WARNING = (
+    "the trace holds no PyTorch operator, GPU work, DataLoader span, collective call or host "
+    "region, so no rule has anything to read: no verdicts. The profiler records operators only on "
+    "the thread that started it: code run on other threads (a thread pool's, a server's) records "
+    "none unless profile(experimental_config=torch._C._profiler._ExperimentalConfig("
+    "profile_all_threads=True)); or the block ran no PyTorch code")
 
 
 def analyze(path: Path) -> Analysis:
@@ -411,8 +422,8 @@ def analyze_file(trace_path: Path) -> Analysis:
     metrics["gpu_unrecorded_calls"] = unrecorded_calls
     metrics["warnings"] = [line for line in (
         loop_end,
-        (RECORDED_NOTHING_WARNING if metrics["recorded_nothing"] and not loop_end_alone
-         else None),
+        ((RECORDED_NOTHING_WARNING if columns.steps.size else RECORDED_NOTHING_UNSCHEDULED_WARNING)
+         if metrics["recorded_nothing"] and not loop_end_alone else None),
         sanity.warning_line(columns.impossible),
         initialization_regime_warning(metrics["initialization"]),
         gpu_unrecorded_warning(metrics["gpu_unrecorded_calls"], metrics["device"]),

@@ -14,9 +14,9 @@ from common.trace_columns import BACKWARD_MARKER, DATALOADER_REGION, OPTIMIZER_R
 # Definitions (sources in common/README.md, "Analyzing a trace"):
 #   steps        ProfilerStep#N spans but a last one that is the loop's end (ends_the_loop); without
 #                them, the training iterations that optimizer.step() calls end (optimizer_steps);
-#                without those, the whole trace is one step. Each is extended to the end of the GPU work launched
-#                inside it (runtime call -> kernel by correlation id), the TensorBoard plugin's
-#                rule.
+#                without those, the whole trace is one step. Each is extended to the end of the
+#                GPU work launched inside it (runtime call -> kernel by correlation id), the
+#                TensorBoard plugin's rule.
 #                The window runs from the first step's start to the last step's end; the host
 #                window over the ProfilerStep#N spans themselves (or the CPU extent), where the CPU
 #                ran its part of them: CPU-side facts are read there.

@@ -556,7 +556,8 @@ def unscheduled_trace(iterations: int = 3, optimizers: int = 1, micro_batches: i
 def test_without_a_schedule_each_optimizer_step_ends_a_step(tmp_path, capsys):
     """Three iterations read as three steps: the first from the trace's start (its first
     operator, 10 µs) to its optimizer step's end (900 µs), each later one from there to its own
-    (1000 µs); the loop's end after the last is in none. Read as one step, the steps' every per-step count was three times too high."""
+    (1000 µs); the loop's end after the last is in none. Read as one step, every per-step count
+    was three times too high."""
     path = unscheduled_trace(gpu=True).write(tmp_path / "t.json")
     result = analyze.analyze_trace(path)
     assert result["steps"] == 3 and result["steps_from"] == "optimizer_step"
@@ -617,3 +618,35 @@ def test_a_profile_without_a_schedule_is_read_by_its_optimizer_steps(tmp_path):
     assert calls.size == 3
     first = columns.cpu_extent[0]
     assert result["window_ms"] == pytest.approx((float(calls.end[-1]) - first) / 1000)
+
+
+def test_a_model_run_on_other_threads_records_nothing_and_the_warning_says_how_to_record_it(
+        tmp_path):
+    """The profiler's operator callbacks are thread-local: a model served from a thread pool's
+    threads under profile() leaves no operator in the trace. The warning names the threads and
+    the profiler's option that records them, not a schedule (there is none); with that option
+    the same run records its operators, on the pool's threads."""
+    torch = pytest.importorskip("torch")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.profiler import ProfilerActivity, profile
+    model = torch.nn.Linear(64, 64)
+
+    def serve(_):
+        with torch.inference_mode():
+            return model(torch.randn(8, 64))
+
+    def record(path, **options):
+        with profile(activities=[ProfilerActivity.CPU], **options) as profiler:
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(serve, range(4)))
+        profiler.export_chrome_trace(str(path))
+        return analyze.analyze_trace(path)
+
+    alone = record(tmp_path / "pool.json")
+    assert alone["recorded_nothing"] and alone["findings"] == []
+    assert alone["warnings"] == [analyze.RECORDED_NOTHING_UNSCHEDULED_WARNING]
+    every = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    recorded = record(tmp_path / "all.json", experimental_config=every)
+    assert not recorded["recorded_nothing"] and recorded["warnings"] == []
+    assert recorded["cpu"]["ops_per_step"] >= 4  # a linear layer's call, 4 times
