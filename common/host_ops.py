@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.idle_causes import compiling_operators, enqueues_nothing
-from common.intervals import Spans, concat, merge, union_in
-from common.trace_columns import TraceColumns
+from common.idle_causes import compiling_operators, enqueues_nothing, names_where
+from common.intervals import Spans, concat, merge, minus, union_in
+from common.trace_columns import COLLECTIVE_OP_PREFIX, TraceColumns
 from common.trace_steps import US_PER_MS, self_time_us
 
 # Operators whose own time (self time: less the operators they call) is under this are short:
@@ -76,6 +76,14 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
     by_name = np.bincount(code.ravel(), weights=self_us, minlength=first.size)
     top = [(str(op_names[first[i]]), float(by_name[i]))
            for i in np.argsort(-by_name, kind="stable")[:CPU_OPS_SHOWN]]
+    # Communication no operator hides (the GPU's exposed_comm_pct, on a CPU): a collective in
+    # flight (its "<backend>:<collective>" span, which gloo runs on threads of its own; else its
+    # c10d::* operator) while no other operator runs on any thread, the training thread waiting
+    # for it. DDP all-reduces its buckets during the backward pass: what overlaps it is hidden.
+    calls = columns.collective_spans if columns.collective_spans.size else columns.collective_ops
+    work = ours & ~names_where(columns.cpu_op_names,
+                               lambda name: name.startswith(COLLECTIVE_OP_PREFIX))
+    exposed = minus(calls, Spans(ops.start[work], ops.end[work]))
     return {
         "ops_per_step": float(in_window.sum()) / n_steps,
         "median_op_self_us": float(np.median(self_us)) if self_us.size else None,
@@ -88,6 +96,7 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
         # and the short gaps between operators, where eager mode runs each call's Python.
         "call_pct": short_pct + short_gaps_pct,
         "top_ops_ms_per_step": [(name, us / US_PER_MS / n_steps) for name, us in top],
+        "exposed_comm_pct": share(union_in(exposed, low, high)),
     }
 
 

@@ -129,8 +129,9 @@ PYTHON_OUTSIDE_OPS_MIN_PCT = 30.0  # % of the window in gaps of 10 µs or more b
 # launch and host fixes speak of the host's work between the replays instead.
 GRAPH_REPLAYED_MIN_PCT = 50.0  # % of the kernels
 # Exposed communication: collectives run with no compute kernel beside them for this share of the
-# window (gpu.exposed_comm_pct; TraceLens's "exposed communication"). A fifth of the step with
-# the GPU only waiting on the network, as the DataLoader's 20 % is a fifth waiting on data.
+# window (gpu.exposed_comm_pct; TraceLens's "exposed communication"; on a CPU cpu.exposed_comm_pct,
+# collectives in flight with no other operator running). A fifth of the step only waiting on the
+# network, as the DataLoader's 20 % is a fifth waiting on data.
 EXPOSED_COMM_MIN_PCT = 20.0  # % of the window
 # Memory growth (a leak): the memory allocated at each recorded step's end rises along a line
 # (memory.growth_fit: least squares over the step index, from memory.GROWTH_FIT_MIN_STEPS steps).
@@ -623,20 +624,32 @@ def rule_python_between_ops(m: dict) -> dict | None:
 
 
 def rule_exposed_communication(m: dict) -> dict | None:
-    gpu = m["gpu"]
-    if not gpu or gpu["exposed_comm_pct"] < EXPOSED_COMM_MIN_PCT:
+    """Collectives that nothing hides: on a GPU, collective kernels with no compute kernel
+    beside them; on a CPU, collectives in flight with no other operator running."""
+    gpu, cpu = m["gpu"], m.get("cpu")
+    if gpu:
+        pct = gpu["exposed_comm_pct"]
+        evidence = (f"collective kernels run with no compute kernel beside them {pct:.0f} % of "
+                    f"the window (compute kernels {gpu['compute_pct']:.0f} %; utilization "
+                    f"{gpu['utilization_pct']:.0f} % counts the collectives as work")
+    elif cpu and m.get("distributed") and cpu["ops_per_step"] > 0:
+        # Without an operator in the steps nothing shows what could have hidden the collectives:
+        # a real gloo rank's trace (1 of 300) holds its all-reduces and no operator of its own.
+        pct = cpu["exposed_comm_pct"]
+        evidence = (f"collectives are in flight with no other operator running {pct:.0f} % of "
+                    f"the window, the training thread waiting on them (in collectives "
+                    f"{m['distributed']['comm_pct']:.0f} %, the rest beside operators")
+    else:
+        return None
+    if pct < EXPOSED_COMM_MIN_PCT:
         return None
     return finding(
-        "exposed_communication", severity(gpu["exposed_comm_pct"], EXPOSED_COMM_MIN_PCT),
-        f"communication bound: collective kernels run with no compute kernel beside them "
-        f"{gpu['exposed_comm_pct']:.0f} % of the window (compute kernels {gpu['compute_pct']:.0f} "
-        f"%; utilization {gpu['utilization_pct']:.0f} % counts the collectives as work; rule: >= "
-        f"{EXPOSED_COMM_MIN_PCT:.0f} % exposed)",
+        "exposed_communication", severity(pct, EXPOSED_COMM_MIN_PCT),
+        f"communication bound: {evidence}; rule: >= {EXPOSED_COMM_MIN_PCT:.0f} % exposed)",
         "overlap communication with compute, or communicate less: smaller DDP buckets "
         "(bucket_cap_mb) start all-reducing during the backward pass; no_sync() on all but the "
         "last micro-batch when accumulating (see demos/ddp_no_sync/); fewer, larger collectives; "
-        "FSDP's forward_prefetch and backward_prefetch", "ddp_no_sync",
-        share_pct=gpu["exposed_comm_pct"])
+        "FSDP's forward_prefetch and backward_prefetch", "ddp_no_sync", share_pct=pct)
 
 
 def matrix_units(m: dict) -> str:

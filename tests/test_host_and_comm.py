@@ -106,6 +106,43 @@ def test_exposed_communication_by_hand(tmp_path, exposed_us, fires):
     assert ("exposed_communication" in ids(result)) == fires
 
 
+def cpu_comm_step(compute_us: float, wait_in_op: bool = False) -> KinetoTrace:
+    """A CPU rank's step of 1000 µs, gloo's way: the training thread's operators 0..compute_us
+    (forward and backward), a c10d::allreduce_ call at 300 µs that hands the all-reduce to gloo's
+    thread, where its gloo:all_reduce span runs 300..800. With `wait_in_op` the call itself
+    lasts until 800 (a blocking collective): still no compute."""
+    t = KinetoTrace()
+    t.step(1, T0, STEP_US)
+    t.op("aten::addmm", T0, compute_us)
+    t.op("c10d::allreduce_", T0 + 300, 500 if wait_in_op else 10)
+    t.region("gloo:all_reduce", T0 + 300, 500, tid=77)
+    return t
+
+
+@pytest.mark.parametrize("compute_us, wait_in_op, exposed_pct", [
+    (400, False, 40.0), (400, True, 40.0), (300 + 10 * (50 - EXPOSED_COMM_MIN_PCT), False,
+                                             EXPOSED_COMM_MIN_PCT),
+    (301 + 10 * (50 - EXPOSED_COMM_MIN_PCT), False, EXPOSED_COMM_MIN_PCT - 0.1)])
+def test_exposed_communication_on_a_cpu_by_hand(tmp_path, compute_us, wait_in_op, exposed_pct):
+    """On a CPU the all-reduce is exposed where it runs with no operator but its own call: of its
+    300..800 µs, what the training thread's operators (0..compute_us) do not cover, out of the
+    1000 µs window. The verdict fires from EXPOSED_COMM_MIN_PCT on, as on a GPU."""
+    result = analysed(tmp_path, cpu_comm_step(compute_us, wait_in_op))
+    assert result["device"] == "cpu" and result["distributed"]["comm_pct"] == pytest.approx(50.0)
+    assert result["cpu"]["exposed_comm_pct"] == pytest.approx(exposed_pct)
+    assert ("exposed_communication" in ids(result)) == (exposed_pct >= EXPOSED_COMM_MIN_PCT)
+
+
+def test_collectives_with_no_operator_in_the_steps_fire_nothing_on_a_cpu(tmp_path):
+    """A rank's trace of its all-reduces alone (no operator of its own recorded): nothing shows
+    what could have hidden them, so no verdict reads them as exposed."""
+    built = cpu_comm_step(400)
+    built.events = [event for event in built.events if event["cat"] != "cpu_op"]
+    result = analysed(tmp_path, built)
+    assert result["cpu"]["exposed_comm_pct"] == pytest.approx(50.0)
+    assert "exposed_communication" not in ids(result)
+
+
 @pytest.mark.parametrize("name, collective", [
     (NCCL_ALL_REDUCE, True),
     ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", True),

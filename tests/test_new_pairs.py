@@ -184,6 +184,10 @@ def test_ddp_no_sync_runs_two_ranks_and_all_reduces_once_a_step(demos_smoke):
         for result in view["ranks"]:
             fired = "ddp_sync" in [f["id"] for f in result["findings"]]
             assert fired == (variant == "bad")
+            # The last bucket's all-reduce starts after the backward's last operator and the
+            # optimizer waits for it: some of it is exposed, never more than all of it.
+            exposed = result["cpu"]["exposed_comm_pct"]
+            assert 0 < exposed <= result["distributed"]["comm_pct"] + 1e-9
     for bad, fixed in zip(per_step["bad"], per_step["fixed"]):
         # Every micro-batch all-reduces every bucket in bad; only the last one in fixed.
         assert bad["ddp_forwards_per_step"] == fixed["ddp_forwards_per_step"] == micro_batches
