@@ -580,7 +580,10 @@ def format_human(result: dict) -> str:
                      f"{fmt(dist['rank'], 'd')} of {fmt(dist['world_size'], 'd')}: "
                      f"{dist['collectives_per_step']:.1f} collectives/step, "
                      f"{dist['collective_ms_per_step']:.1f} ms/step in them "
-                     f"({dist['comm_pct']:.1f} % of the steps)")
+                     f"({dist['comm_pct']:.1f} % of the steps"
+                     + (f", {result['cpu']['exposed_comm_pct']:.1f} % with no other operator "
+                        f"running" if (result["cpu"] or {}).get("exposed_comm_pct") is not None
+                        else "") + ")")
     gpu = result["gpu"]
     if gpu:
         unrecorded = gpu["idle_by_cause_pct"]["unrecorded"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from common.idle_causes import compiling_operators, enqueues_nothing, names_where
 from common.intervals import Spans, concat, merge, minus, union_in
-from common.trace_columns import COLLECTIVE_OP_PREFIX, TraceColumns
+from common.trace_columns import ROLE_COLLECTIVE, TraceColumns, name_role
 from common.trace_steps import US_PER_MS, self_time_us
 
 # Operators whose own time (self time: less the operators they call) is under this are short:
@@ -80,10 +80,14 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
     # flight (its "<backend>:<collective>" span, which gloo runs on threads of its own; else its
     # c10d::* operator) while no other operator runs on any thread, the training thread waiting
     # for it. DDP all-reduces its buckets during the backward pass: what overlaps it is hidden.
+    # Collective calls are no such operator, in the 2021 vocabulary's "Operator" spans too; with
+    # no other operator in the window (a rank's trace of its all-reduces alone) nothing shows
+    # what could have hidden them: None.
     calls = columns.collective_spans if columns.collective_spans.size else columns.collective_ops
     work = ours & ~names_where(columns.cpu_op_names,
-                               lambda name: name.startswith(COLLECTIVE_OP_PREFIX))
+                               lambda name: name_role(name) == ROLE_COLLECTIVE)
     exposed = minus(calls, Spans(ops.start[work], ops.end[work]))
+    works = (work & (ops.start >= low) & (ops.start < high)).any()
     return {
         "ops_per_step": float(in_window.sum()) / n_steps,
         "median_op_self_us": float(np.median(self_us)) if self_us.size else None,
@@ -96,7 +100,7 @@ def cpu_run_metrics(columns: TraceColumns, host_window: tuple[float, float], n_s
         # and the short gaps between operators, where eager mode runs each call's Python.
         "call_pct": short_pct + short_gaps_pct,
         "top_ops_ms_per_step": [(name, us / US_PER_MS / n_steps) for name, us in top],
-        "exposed_comm_pct": share(union_in(exposed, low, high)),
+        "exposed_comm_pct": share(union_in(exposed, low, high)) if works else None,
     }
 
 

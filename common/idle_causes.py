@@ -378,11 +378,11 @@ def initialization_regime(columns: TraceColumns, host: Spans, steps: Spans) -> d
     start_us, end_us, ms; by start), `ms_by_kind` (each kind's union in the window), `pct` (the
     union of all ÷ the window, %), `ends_at_us` (the end of the last span; None when none ends
     inside the window), `steady_pct` (the share of the window after it, %), `first_steady_step`
-    (the first ProfilerStep#N that starts at or after it, 0-based; None without), `mostly`
+    (the first host step that starts at or after it, 0-based; None with one step), `mostly`
     (pct >= INIT_MOSTLY_MIN_PCT), `steady_window_us` ([ends_at_us, window end] where steady_pct
-    >= INIT_STEADY_MIN_PCT and not mostly, else None), `one_step_capture` (no ProfilerStep#N, or
-    one), `evidence` (lines) and `fix`. `host`: the ProfilerStep#N spans (trace_steps.host_steps);
-    `steps`: the same extended to their GPU work (the window)."""
+    >= INIT_STEADY_MIN_PCT and not mostly, else None), `one_step_capture` (one host step: the
+    whole trace, or one ProfilerStep#N), `evidence` (lines) and `fix`. `host`: the host steps
+    (trace_steps.host_steps); `steps`: the same extended to their GPU work (the window)."""
     low, high = float(steps.start[0]), float(steps.end[-1])
     span = high - low
     if span <= 0:

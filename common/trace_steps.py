@@ -18,8 +18,8 @@ from common.trace_columns import BACKWARD_MARKER, DATALOADER_REGION, OPTIMIZER_R
 #                GPU work launched inside it (runtime call -> kernel by correlation id), the
 #                TensorBoard plugin's rule.
 #                The window runs from the first step's start to the last step's end; the host
-#                window over the ProfilerStep#N spans themselves (or the CPU extent), where the CPU
-#                ran its part of them: CPU-side facts are read there.
+#                window over the steps before their extension (host_steps), where the CPU ran
+#                its part of them: CPU-side facts are read there.
 #   breakdown    each instant of a step goes to the first active of kernel > memcpy > memset >
 #                runtime > DataLoader > CPU Exec (operator spans only) > other (plugin Overview).
 
@@ -57,11 +57,15 @@ def host_steps(columns: TraceColumns) -> Spans:
 
 def optimizer_steps(columns: TraceColumns) -> Spans:
     """A trace without ProfilerStep#N cut into training iterations, each ending where an
-    optimizer step ends: the first from the trace's start (its CPU side), each later one from the
-    end of the one before; what runs after the last optimizer step (an iteration cut short, the
-    loop's end) is in no step. Optimizer calls with no backward operator between them (two
-    optimizers stepped one after the other) end one iteration; with gradient accumulation an
-    iteration holds its micro-batches. Empty with fewer than OPTIMIZER_STEPS_MIN iterations."""
+    optimizer step ends: the first from the trace's start (its first CPU-side span, record_function
+    ranges such as the first DataLoader call or DDP forward included), each later one from the end
+    of the one before; what runs after the last optimizer step (an iteration cut short, the
+    loop's end) is in no step. A call is the iteration's last when a backward operator starts
+    between its start and the next call's (LBFGS runs its closure's backward inside the call):
+    two optimizers stepped one after the other end one iteration; with gradient accumulation an
+    iteration holds its micro-batches. Limits: a GAN's two optimizers, each after a backward pass
+    of its own, end two steps an iteration; an optimizer.step() under torch.compile records no
+    Optimizer.step# range. Empty with fewer than OPTIMIZER_STEPS_MIN iterations."""
     calls = merge(columns.regions[OPTIMIZER_REGION])  # the harness's region holds torch.optim's
     if calls.size < OPTIMIZER_STEPS_MIN:
         return Spans.empty()
@@ -74,12 +78,15 @@ def optimizer_steps(columns: TraceColumns) -> Spans:
     ends = calls.end
     if backward_start.size:  # an iteration ends at the last call before the next backward pass
         between = (np.searchsorted(backward_start, calls.start[1:])
-                   - np.searchsorted(backward_start, calls.end[:-1], side="right"))
+                   - np.searchsorted(backward_start, calls.start[:-1]))
         ends = calls.end[np.r_[between > 0, True]]
     if ends.size < OPTIMIZER_STEPS_MIN:
         return Spans.empty()
     low, _ = columns.cpu_extent or columns.all_extent
-    return Spans(np.r_[min(low, float(calls.start[0])), ends[:-1]], ends.copy())
+    named = (columns.annotations, columns.dataloader, columns.collective_spans,
+             columns.ddp_forwards, calls)
+    low = min([low] + [float(spans.start.min()) for spans in named if spans.size])
+    return Spans(np.r_[low, ends[:-1]], ends.copy())
 
 
 def ends_the_loop(columns: TraceColumns) -> bool:

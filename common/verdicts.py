@@ -625,16 +625,18 @@ def rule_python_between_ops(m: dict) -> dict | None:
 
 def rule_exposed_communication(m: dict) -> dict | None:
     """Collectives that nothing hides: on a GPU, collective kernels with no compute kernel
-    beside them; on a CPU, collectives in flight with no other operator running."""
+    beside them; on a CPU, collectives in flight with no other operator running. A GPU run over
+    gloo has no collective kernel (0 here): its all-reduces are host work that the GPU waits on,
+    which host_sync and the idle causes read."""
     gpu, cpu = m["gpu"], m.get("cpu")
     if gpu:
         pct = gpu["exposed_comm_pct"]
         evidence = (f"collective kernels run with no compute kernel beside them {pct:.0f} % of "
                     f"the window (compute kernels {gpu['compute_pct']:.0f} %; utilization "
                     f"{gpu['utilization_pct']:.0f} % counts the collectives as work")
-    elif cpu and m.get("distributed") and cpu["ops_per_step"] > 0:
-        # Without an operator in the steps nothing shows what could have hidden the collectives:
-        # a real gloo rank's trace (1 of 300) holds its all-reduces and no operator of its own.
+    elif cpu and m.get("distributed") and cpu["exposed_comm_pct"] is not None:
+        # None: no operator but collective calls in the steps, so nothing shows what could have
+        # hidden them (a real gloo rank's trace, 1 of 300, holds its all-reduces alone).
         pct = cpu["exposed_comm_pct"]
         evidence = (f"collectives are in flight with no other operator running {pct:.0f} % of "
                     f"the window, the training thread waiting on them (in collectives "

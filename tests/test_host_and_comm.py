@@ -106,12 +106,13 @@ def test_exposed_communication_by_hand(tmp_path, exposed_us, fires):
     assert ("exposed_communication" in ids(result)) == fires
 
 
-def cpu_comm_step(compute_us: float, wait_in_op: bool = False) -> KinetoTrace:
+def cpu_comm_step(compute_us: float, wait_in_op: bool = False,
+                  vocabulary: str = "current") -> KinetoTrace:
     """A CPU rank's step of 1000 µs, gloo's way: the training thread's operators 0..compute_us
     (forward and backward), a c10d::allreduce_ call at 300 µs that hands the all-reduce to gloo's
     thread, where its gloo:all_reduce span runs 300..800. With `wait_in_op` the call itself
     lasts until 800 (a blocking collective): still no compute."""
-    t = KinetoTrace()
+    t = KinetoTrace(vocabulary=vocabulary)
     t.step(1, T0, STEP_US)
     t.op("aten::addmm", T0, compute_us)
     t.op("c10d::allreduce_", T0 + 300, 500 if wait_in_op else 10)
@@ -119,27 +120,31 @@ def cpu_comm_step(compute_us: float, wait_in_op: bool = False) -> KinetoTrace:
     return t
 
 
-@pytest.mark.parametrize("compute_us, wait_in_op, exposed_pct", [
-    (400, False, 40.0), (400, True, 40.0), (300 + 10 * (50 - EXPOSED_COMM_MIN_PCT), False,
-                                             EXPOSED_COMM_MIN_PCT),
-    (301 + 10 * (50 - EXPOSED_COMM_MIN_PCT), False, EXPOSED_COMM_MIN_PCT - 0.1)])
-def test_exposed_communication_on_a_cpu_by_hand(tmp_path, compute_us, wait_in_op, exposed_pct):
+@pytest.mark.parametrize("compute_us, wait_in_op, exposed_pct, vocabulary", [
+    (400, False, 40.0, "current"), (400, True, 40.0, "current"), (400, False, 40.0, "2021"),
+    (300 + 10 * (50 - EXPOSED_COMM_MIN_PCT), False, EXPOSED_COMM_MIN_PCT, "current"),
+    (301 + 10 * (50 - EXPOSED_COMM_MIN_PCT), False, EXPOSED_COMM_MIN_PCT - 0.1, "current")])
+def test_exposed_communication_on_a_cpu_by_hand(tmp_path, compute_us, wait_in_op, exposed_pct,
+                                                vocabulary):
     """On a CPU the all-reduce is exposed where it runs with no operator but its own call: of its
     300..800 µs, what the training thread's operators (0..compute_us) do not cover, out of the
-    1000 µs window. The verdict fires from EXPOSED_COMM_MIN_PCT on, as on a GPU."""
-    result = analysed(tmp_path, cpu_comm_step(compute_us, wait_in_op))
+    1000 µs window. The verdict fires from EXPOSED_COMM_MIN_PCT on, as on a GPU. In the 2021
+    vocabulary, where every range is an "Operator", the gloo span is still no operator."""
+    result = analysed(tmp_path, cpu_comm_step(compute_us, wait_in_op, vocabulary))
     assert result["device"] == "cpu" and result["distributed"]["comm_pct"] == pytest.approx(50.0)
     assert result["cpu"]["exposed_comm_pct"] == pytest.approx(exposed_pct)
     assert ("exposed_communication" in ids(result)) == (exposed_pct >= EXPOSED_COMM_MIN_PCT)
 
 
-def test_collectives_with_no_operator_in_the_steps_fire_nothing_on_a_cpu(tmp_path):
-    """A rank's trace of its all-reduces alone (no operator of its own recorded): nothing shows
-    what could have hidden them, so no verdict reads them as exposed."""
+@pytest.mark.parametrize("keep_call", [False, True])
+def test_collectives_with_no_operator_in_the_steps_fire_nothing_on_a_cpu(tmp_path, keep_call):
+    """A rank's trace of its all-reduces alone (no operator of its own recorded, its c10d call
+    or not): nothing shows what could have hidden them, so nothing is read as exposed."""
     built = cpu_comm_step(400)
-    built.events = [event for event in built.events if event["cat"] != "cpu_op"]
+    built.events = [event for event in built.events
+                    if event["cat"] != "cpu_op" or (keep_call and event["name"].startswith("c10d"))]
     result = analysed(tmp_path, built)
-    assert result["cpu"]["exposed_comm_pct"] == pytest.approx(50.0)
+    assert result["cpu"]["exposed_comm_pct"] is None
     assert "exposed_communication" not in ids(result)
 
 
