@@ -3,13 +3,16 @@ no compute kernel hides (TraceLens's exposed communication), and gradient accumu
 micro-batches with the gradient all-reduces that follow each."""
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from common.intervals import Spans, union_in
 from common.trace_columns import TraceColumns, is_collective_kernel
 from common.trace_steps import US_PER_MS
+
+# Share of the most gradient elements any micro-batch's collectives hold: a micro-batch holding
+# this much all-reduced every bucket. Below 1 for what a step may add on top (a logged metric);
+# two DDP models of near-equal size (within 1 %) would read as one.
+BUCKET_ELEMENTS_SHARE_MIN = 0.99
 
 
 def collective_kernels(columns: TraceColumns) -> np.ndarray:
@@ -66,12 +69,14 @@ def synced_micro_batches(columns: TraceColumns, host_window: tuple[float, float]
                          ) -> tuple[int, int]:
     """Gradient accumulation, in the host window: the micro-batches (outermost DDP forwards per
     thread: a DDP module nested in another runs inside its forward) and how many of them are
-    followed, before the next (or the window's end), by the gradient buckets' collectives. The
-    buckets' layout is the largest multiset of sizes that follows a micro-batch (most elements,
-    then most collectives: sizes unknown count -1 each); a micro-batch is synced when what
-    follows it holds that layout. Without no_sync every micro-batch all-reduces every bucket;
-    with it only the last of a step does, and a loss all-reduced after each one (a scalar) is no
-    bucket layout."""
+    followed, before the next (or the window's end), by the gradient buckets' collectives. A
+    micro-batch is synced when what follows it holds (nearly) as many elements as the most any
+    micro-batch's collectives hold: every bucket of the model. The buckets' sizes may change (DDP
+    rebuilds them after its first iteration, which a trace without a schedule records); their sum
+    does not. Two DDP models (a GAN) hold two sums, and only the larger counts. Without sizes
+    (no record_shapes), one is synced when it is followed by as many collectives as the most.
+    Without no_sync every micro-batch all-reduces every bucket; with it only the last of a step
+    does, and a loss all-reduced after each one (a scalar) is no bucket sync."""
     low, high = host_window
     spans = columns.ddp_forwards
     inside = (spans.start >= low) & (spans.start < high)
@@ -85,10 +90,11 @@ def synced_micro_batches(columns: TraceColumns, host_window: tuple[float, float]
     starts, sizes = starts[order], sizes[order]
     first = np.searchsorted(starts, forwards, side="left")
     last = np.searchsorted(starts, np.r_[forwards[1:], high], side="left")
-    layouts = [Counter(np.nan_to_num(sizes[a:b], nan=-1.0).tolist())
-               for a, b in zip(first.tolist(), last.tolist()) if b > a]
-    if not layouts:
-        return int(forwards.size), 0
-    buckets = max(layouts, key=lambda layout: (sum(size * n for size, n in layout.items()
-                                                   if size > 0), layout.total()))
-    return int(forwards.size), sum(not buckets - layout for layout in layouts)
+    held = [sizes[a:b] for a, b in zip(first.tolist(), last.tolist())]
+    elements = np.array([np.nansum(each) for each in held])
+    if elements.max() > 0:
+        synced = elements >= BUCKET_ELEMENTS_SHARE_MIN * elements.max()
+    else:
+        counts = np.array([each.size for each in held])
+        synced = (counts > 0) & (counts == counts.max())
+    return int(forwards.size), int(synced.sum())

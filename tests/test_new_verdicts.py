@@ -271,7 +271,9 @@ def nested_or_accumulating(tmp_path, pattern: str) -> dict:
     inner DDP module's forward and an all_to_all (embeddings), then the backward's three
     all-reduces of distinct sizes. "gan": two DDP models one after the other (a generator and a
     discriminator), each forward followed by its own buckets' all-reduces. "accumulation": two
-    micro-batches, each forward followed by the same three bucket all-reduces (no no_sync)."""
+    micro-batches, each forward followed by the same two bucket all-reduces (no no_sync).
+    "rebuilt": the same, but the first micro-batch's buckets are other sizes of the same sum
+    (DDP rebuilds its buckets after its first iteration, which a cold trace records)."""
     t = KinetoTrace(cpu_pid=100)
 
     def all_reduce(at: float, elements: int, name: str = "gloo:all_reduce") -> None:
@@ -288,7 +290,9 @@ def nested_or_accumulating(tmp_path, pattern: str) -> dict:
                 all_reduce(at + 5000 + 500 * k, elements)
         else:
             buckets = {"gan": ((1000, 2000), (3000, 4000)),
-                       "accumulation": ((1000, 2000), (1000, 2000))}[pattern]
+                       "accumulation": ((1000, 2000), (1000, 2000)),
+                       "rebuilt": ((500, 1500, 1000) if index == 0 else (1000, 2000),
+                                   (1000, 2000))}[pattern]
             for micro, sizes in enumerate(buckets):
                 begin = at + micro * STEP_US / 2
                 t.annotation("DistributedDataParallel.forward", begin + 10, 1000)
@@ -299,11 +303,12 @@ def nested_or_accumulating(tmp_path, pattern: str) -> dict:
 
 @pytest.mark.parametrize("pattern, forwards, synced, fires", [
     ("dlrm", 1.0, 1.0, False),  # the inner forward is no micro-batch; all_to_all no gradient sync
-    ("gan", 2.0, 1.0, False),  # two models, two bucket layouts: no accumulation
+    ("gan", 2.0, 1.0, False),  # two models, two sums of gradient elements: no accumulation
     ("accumulation", 2.0, 2.0, True),  # the same buckets after every micro-batch
+    ("rebuilt", 2.0, 2.0, True),  # the same gradients, in other buckets at first
 ])
-def test_ddp_sync_counts_outermost_forwards_and_one_bucket_layout(tmp_path, pattern, forwards,
-                                                                  synced, fires):
+def test_ddp_sync_counts_outermost_forwards_and_every_bucket(tmp_path, pattern, forwards,
+                                                             synced, fires):
     result = nested_or_accumulating(tmp_path, pattern)
     dist = result["distributed"]
     assert dist["ddp_forwards_per_step"] == forwards
